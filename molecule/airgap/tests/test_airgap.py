@@ -1,0 +1,124 @@
+"""Effective state after the airgap role: apt and pip reach the bundle and nothing else."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+BUNDLE_DIR = "/srv/labctl/bundle"
+SOURCE_FILE = "/etc/apt/sources.list.d/labctl-bundle.sources"
+SCENARIO_DIR = Path(__file__).resolve().parent.parent
+
+
+def _manifest() -> dict:
+    return json.loads(Path(os.environ["LABCTL_BUNDLE"], "manifest.json").read_text())
+
+
+def test_bundle_is_a_verified_release(host):
+    link = host.file(BUNDLE_DIR)
+    assert link.is_symlink
+    digest = _manifest()["content_digest"]
+    assert link.linked_to == f"{BUNDLE_DIR}-releases/{digest[:16]}"
+    assert host.file(f"{BUNDLE_DIR}/manifest.json").exists
+
+
+def test_only_the_bundle_source_is_enabled(host):
+    source = host.file(SOURCE_FILE)
+    assert source.user == "root" and source.mode == 0o644
+    assert f"URIs: file:{BUNDLE_DIR}/apt" in source.content_string
+    assert "Signed-By: /etc/apt/keyrings/labctl-bundle.gpg" in source.content_string
+    assert not host.file("/etc/apt/sources.list").exists
+    assert host.file("/etc/apt/sources.list.labctl.disabled").exists
+    policy = host.check_output("apt-cache policy")
+    assert f"file:{BUNDLE_DIR}/apt" in policy
+    assert "http://" not in policy and "https://" not in policy
+
+
+def test_keyring_is_the_bundle_key(host):
+    keyring = host.file("/etc/apt/keyrings/labctl-bundle.gpg")
+    assert keyring.mode == 0o644
+    assert keyring.sha256sum == host.file(f"{BUNDLE_DIR}/keys/bundle.gpg").sha256sum
+
+
+def test_apt_installs_from_the_bundle_without_network(host):
+    # The container has no network interface but loopback: this can only come from the bundle.
+    assert host.check_output("ip -o link show | grep -v ' lo:' | wc -l") == "0"
+    cmd = host.run("DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends jq python3-venv")
+    assert cmd.rc == 0, cmd.stderr
+    assert "WARNING" not in cmd.stderr and "unauthenticated" not in cmd.stdout.lower()
+    assert host.run("jq --version").rc == 0
+
+
+def test_pip_installs_from_the_wheelhouse_only(host):
+    conf = host.file("/etc/pip.conf").content_string
+    assert "no-index = true" in conf and f"find-links = {BUNDLE_DIR}/wheels" in conf
+    host.run_test("rm -rf /tmp/venv && python3 -m venv /tmp/venv")
+    cmd = host.run("/tmp/venv/bin/pip install requests")
+    assert cmd.rc == 0, cmd.stdout + cmd.stderr
+    assert host.run("/tmp/venv/bin/python -c 'import requests, charset_normalizer'").rc == 0
+
+
+def _state(host) -> str:
+    """Everything the role may change on the target, as one comparable string."""
+    return host.check_output(
+        "ls -la /etc/apt/sources.list.d /etc/apt/keyrings /srv/labctl; "
+        f"ls -la {BUNDLE_DIR}-releases; readlink {BUNDLE_DIR}; "
+        f"sha256sum {SOURCE_FILE} /etc/pip.conf /etc/apt/keyrings/labctl-bundle.gpg"
+    )
+
+
+def _converge(*extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        "ansible-playbook",
+        "-i",
+        os.environ["MOLECULE_INVENTORY_FILE"],
+        str(SCENARIO_DIR / "converge.yml"),
+        *extra,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.fixture
+def tampered_copy(tmp_path: Path) -> Path:
+    copy = tmp_path / "bundle"
+    shutil.copytree(os.environ["LABCTL_BUNDLE"], copy)
+    return copy
+
+
+def test_tampered_bundle_on_control_node_is_refused_before_any_change(host, tampered_copy: Path):
+    deb = sorted((tampered_copy / "apt" / "pool").glob("*.deb"))[0]
+    data = bytearray(deb.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    deb.write_bytes(bytes(data))
+    before = _state(host)
+    result = _converge("-e", f"airgap_bundle_src={tampered_copy}")
+    assert result.returncode != 0
+    assert f"modified: apt/pool/{deb.name}" in result.stdout + result.stderr
+    assert _state(host) == before
+
+
+def test_tampered_bundle_on_target_is_refused_before_any_change(host):
+    host.run_test(f"rm -rf /srv/tampered && cp -a {BUNDLE_DIR}/ /srv/tampered")
+    wheel = host.check_output("ls /srv/tampered/wheels | head -1")
+    host.run_test(f"printf X | dd of=/srv/tampered/wheels/{wheel} bs=1 seek=100 conv=notrunc status=none")
+    before = _state(host)
+    result = _converge("-e", "airgap_bundle_source=target", "-e", "airgap_bundle_dir=/srv/tampered")
+    host.run_test("rm -rf /srv/tampered")
+    assert result.returncode != 0
+    assert f"modified: wheels/{wheel}" in result.stdout + result.stderr
+    after = _state(host)
+    assert after == before, "\n".join(difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm=""))
+
+
+def test_bundle_signed_by_another_key_is_refused(host):
+    before = _state(host)
+    result = _converge("-e", "airgap_bundle_fingerprint=" + "A" * 40)
+    assert result.returncode != 0
+    assert "fingerprint" in result.stdout + result.stderr
+    assert _state(host) == before

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Make sure this (Debian/Ubuntu, root) machine can run the test harness: a Docker engine that
+# answers, debootstrap for the base image, gpg/gpgv and dpkg-deb for bundles.
+# Installs docker.io and starts dockerd only when no engine answers.
+set -euo pipefail
+
+need=()
+command -v dockerd >/dev/null || need+=(docker.io)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v gpg >/dev/null || need+=(gnupg)
+command -v gpgv >/dev/null || need+=(gpgv)
+if ((${#need[@]})); then
+  [[ $(id -u) == 0 ]] || { echo "missing ${need[*]}: run as root or install them" >&2; exit 1; }
+  echo "installing ${need[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if docker info >/dev/null 2>&1; then
+  exit 0
+fi
+[[ $(id -u) == 0 ]] || { echo "no Docker engine answers and this is not root" >&2; exit 1; }
+echo "starting dockerd" >&2
+nohup dockerd >/var/log/labctl-dockerd.log 2>&1 &
+for _ in $(seq 60); do
+  docker info >/dev/null 2>&1 && exit 0
+  sleep 1
+done
+echo "dockerd did not come up; see /var/log/labctl-dockerd.log" >&2
+tail -20 /var/log/labctl-dockerd.log >&2
+exit 1

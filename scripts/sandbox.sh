@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The embedded sandbox target: one systemd container of the base image with NO network,
+# reached by Ansible through `docker exec` (inventories/sandbox).
+#   scripts/sandbox.sh up       create (or keep) the container
+#   scripts/sandbox.sh report   show what the provisioning did inside it
+#   scripts/sandbox.sh down     remove it
+set -euo pipefail
+name=${LABCTL_SANDBOX_NAME:-labctl-sandbox}
+here=$(cd "$(dirname "$0")" && pwd)
+
+case "${1:-}" in
+  up)
+    image=$("$here/build-base-image.sh")
+    if [[ "$(docker inspect -f '{{.State.Running}} {{.Config.Image}}' "$name" 2>/dev/null)" == "true $image" ]]; then
+      echo "sandbox $name already running ($image)" >&2
+      exit 0
+    fi
+    docker rm -f "$name" >/dev/null 2>&1 || true
+    docker run -d --name "$name" --hostname "$name" --network none \
+      --cap-add SYS_ADMIN --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+      --cgroupns host -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock \
+      "$image" >/dev/null
+    for _ in $(seq 30); do
+      state=$(docker exec "$name" systemctl is-system-running 2>/dev/null || true)
+      [[ "$state" == running || "$state" == degraded ]] && break
+      sleep 1
+    done
+    echo "sandbox $name up (systemd $state, no network)" >&2
+    ;;
+  report)
+    x() { docker exec "$name" sh -c "$1"; }
+    echo "== network interfaces (loopback only) =="; x "ip -o link show | cut -d: -f2"
+    echo "== apt sources in effect =="; x "apt-cache policy | grep -E '^ +[0-9]+ ' || true"
+    echo "== bundle =="; x "readlink /srv/labctl/bundle; ls /srv/labctl/bundle/apt/pool | wc -l | sed 's/$/ debs/'; ls /srv/labctl/bundle/wheels | wc -l | sed 's/$/ wheels/'"
+    echo "== pip =="; x "cat /etc/pip.conf | grep -v '^#'"
+    echo "== masked units =="; x "systemctl list-unit-files --state=masked --no-legend | grep -E 'apt|unattended' || true"
+    echo "== limits for services =="; x "systemctl show -p DefaultLimitNOFILE -p DefaultLimitMEMLOCK"
+    echo "== /dev/shm =="; x "findmnt -no SIZE,OPTIONS /dev/shm"
+    echo "== kernel parameters persisted =="; x "grep -v '^#' /etc/sysctl.d/90-labctl-inference.conf"
+    ;;
+  down)
+    docker rm -f "$name" >/dev/null 2>&1 || true
+    ;;
+  *)
+    echo "usage: $0 up|report|down" >&2
+    exit 2
+    ;;
+esac

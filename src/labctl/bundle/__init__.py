@@ -1,0 +1,1 @@
+"""The offline bundle: everything an air-gapped target installs, signed."""

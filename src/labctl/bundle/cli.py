@@ -1,0 +1,121 @@
+"""``labctl bundle build|verify``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from labctl.bundle import verifycore
+from labctl.bundle.apt_stage import BaseSpec
+from labctl.bundle.builder import BuildOptions, build_bundle
+from labctl.bundle.errors import BuildError
+from labctl.paths import CACHE_DIR_ENV, KEY_DIR_ENV, default_cache_dir, default_key_dir
+from labctl.profile import ProfileError, load_profile
+from labctl.progress import human_size, make_reporter
+
+app = typer.Typer(help="Build and verify the signed offline bundle.", no_args_is_help=True)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+def _print_json(data: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+@app.command()
+def build(
+    profile: Annotated[str, typer.Option(help="Profile name (profiles/NAME.yml) or path to a .yml file.")],
+    out: Annotated[Path, typer.Option(help="Bundle directory to create or replace.")],
+    base_image: Annotated[
+        str | None, typer.Option(help="Docker image of the pristine target (its dpkg status is read).")
+    ] = None,
+    base_status: Annotated[
+        Path | None, typer.Option(help="dpkg status file copied from a fresh target host.")
+    ] = None,
+    key_dir: Annotated[
+        Path | None,
+        typer.Option(envvar=KEY_DIR_ENV, help="GnuPG home of the signing key.", show_default="~/.local/share/labctl/bundle-key"),
+    ] = None,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(envvar=CACHE_DIR_ENV, help="Download cache.", show_default="~/.cache/labctl/bundle"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
+) -> None:
+    """Build the bundle for PROFILE into OUT (atomically replaced)."""
+    if base_image is not None and base_status is not None:
+        _fail("give either --base-image or --base-status, not both")
+    try:
+        loaded = load_profile(profile)
+        options = BuildOptions(
+            profile=loaded,
+            out=out,
+            key_dir=key_dir or default_key_dir(),
+            cache_dir=cache_dir or default_cache_dir(),
+            base=BaseSpec(image=base_image, status_file=base_status),
+        )
+        result = build_bundle(options, make_reporter())
+    except (BuildError, ProfileError) as exc:
+        _fail(str(exc))
+    except OSError as exc:
+        _fail(f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": "))
+    summary = result.summary()
+    if as_json:
+        _print_json(summary)
+        return
+    counts, sizes = summary["counts"], summary["sizes"]
+    typer.echo(f"bundle {summary['profile']}: {summary['path']}")
+    typer.echo(f"  apt packages: {counts['apt_packages']} ({human_size(sizes['apt'])})")
+    typer.echo(f"  wheels: {counts['wheels']} ({human_size(sizes['wheels'])})")
+    typer.echo(f"  files: {counts['files']} ({human_size(sizes['total'])})")
+    for skipped in summary["skipped"]:
+        typer.echo(f"  skipped: apt source {skipped['source']} ({skipped['reason']})")
+    typer.echo(f"  signing key: {summary['fingerprint']}")
+    typer.echo(f"  content_digest: {summary['content_digest']}")
+    typer.echo(f"  took {summary['duration_s']:.1f}s")
+
+
+@app.command()
+def verify(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Bundle directory.")],
+    fingerprint: Annotated[
+        str | None, typer.Option(help="Expected signing key fingerprint (spaces and case ignored).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report on stdout.")] = False,
+) -> None:
+    """Check the signature, the fingerprint and every file of a bundle."""
+    manifest_files = _listed_count(directory)
+    reporter = make_reporter()
+    with reporter.task(f"verify {directory}", manifest_files, unit="files") as advance:
+        report = verifycore.verify_bundle(
+            str(directory), trusted_fingerprint=fingerprint, on_file=lambda _path, _size: advance(1)
+        )
+    if as_json:
+        _print_json(report.as_dict())
+    else:
+        for problem in report.problems:
+            typer.echo(problem.message())
+        if report.ok:
+            typer.echo(
+                f"ok: {directory} ({report.files_checked} files, {human_size(report.bytes_checked)}, "
+                f"signed by {report.fingerprint})"
+            )
+        else:
+            typer.echo(f"FAILED: {directory}: {len(report.problems)} problem(s)", err=True)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _listed_count(directory: Path) -> int | None:
+    try:
+        manifest = json.loads((directory / verifycore.MANIFEST).read_text(encoding="utf-8"))
+        return len(manifest["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,286 @@
+"""Verification of a labctl offline bundle.
+
+This module is shared with the Ansible side: it is loaded on target hosts as
+``module_utils`` through a symlink. Keep it **stdlib only**, compatible with
+Python 3.9, free of relative imports and of imports from ``labctl``.
+
+A bundle is a directory with ``manifest.json`` (listing every other file with
+its size and sha256), ``manifest.json.sig`` (a binary detached OpenPGP
+signature of the manifest) and ``keys/bundle.gpg`` (the signing public key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+MANIFEST = "manifest.json"
+SIGNATURE = "manifest.json.sig"
+KEYRING = "keys/bundle.gpg"
+SIGNATURE_ARTEFACTS = ("apt/InRelease", "apt/Release.gpg")
+FORMAT_VERSION = 1
+
+# Problem kinds. "target" is reserved for callers that compare the manifest's
+# target with the host (the Ansible module does).
+KINDS = ("missing", "extra", "modified", "size", "signature", "fingerprint", "manifest", "target")
+
+_CHUNK = 1024 * 1024
+
+
+@dataclass
+class Problem:
+    kind: str
+    path: str
+    detail: str = ""
+
+    def message(self) -> str:
+        text = "%s: %s" % (self.kind, self.path)
+        if self.detail:
+            text += " (%s)" % self.detail
+        return text
+
+    def as_dict(self) -> Dict[str, str]:
+        return {"kind": self.kind, "path": self.path, "detail": self.detail}
+
+
+@dataclass
+class Report:
+    root: str
+    problems: List[Problem] = field(default_factory=list)
+    manifest: Optional[Dict[str, Any]] = None
+    fingerprint: Optional[str] = None
+    files_checked: int = 0
+    bytes_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.manifest is not None and self.fingerprint is not None
+
+    def as_dict(self) -> Dict[str, Any]:
+        manifest = self.manifest or {}
+        return {
+            "root": self.root,
+            "ok": self.ok,
+            "problems": [p.as_dict() for p in self.problems],
+            "fingerprint": self.fingerprint,
+            "profile": manifest.get("profile"),
+            "content_digest": manifest.get("content_digest"),
+            "files_checked": self.files_checked,
+            "bytes_checked": self.bytes_checked,
+        }
+
+
+def sha256_file(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(_CHUNK)
+            if not chunk:
+                break
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def content_digest(files: Iterable[Dict[str, Any]]) -> str:
+    """sha256 over the sorted ``path sha256 size`` lines, signature artefacts excluded."""
+    lines = sorted(
+        "%s %s %d\n" % (f["path"], f["sha256"], int(f["size"]))
+        for f in files
+        if f["path"] not in SIGNATURE_ARTEFACTS
+    )
+    return hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()
+
+
+def normalize_fingerprint(value: str) -> str:
+    return "".join(value.split()).upper()
+
+
+def _safe_relpath(path: Any) -> bool:
+    if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path:
+        return False
+    parts = path.split("/")
+    return all(part not in ("", ".", "..") for part in parts)
+
+
+def check_signature(root: str, gpgv: str = "gpgv") -> Tuple[Optional[str], Optional[str]]:
+    """Verify manifest.json.sig with keys/bundle.gpg.
+
+    Returns ``(fingerprint, None)`` on success and ``(None, reason)`` otherwise.
+    The fingerprint is the primary key's, uppercase hex.
+    """
+    keyring = os.path.abspath(os.path.join(root, KEYRING))
+    sig = os.path.join(root, SIGNATURE)
+    manifest = os.path.join(root, MANIFEST)
+    failure = "does not verify %s with %s" % (MANIFEST, KEYRING)
+    for needed in (sig, keyring):
+        if not os.path.isfile(needed):
+            return None, "%s: %s is missing" % (failure, os.path.relpath(needed, root))
+    try:
+        proc = subprocess.run(
+            [gpgv, "--status-fd", "1", "--keyring", keyring, sig, manifest],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            universal_newlines=True,
+            check=False,
+        )
+    except OSError as exc:
+        return None, "%s: cannot run %s: %s" % (failure, gpgv, exc.strerror)
+    fingerprint = None
+    statuses = []
+    for line in proc.stdout.splitlines():
+        fields = line.split()
+        if len(fields) < 2 or fields[0] != "[GNUPG:]":
+            continue
+        if fields[1] == "VALIDSIG" and len(fields) >= 3:
+            # VALIDSIG <fpr> <date> <ts> <expire> <ver> <rsvd> <pkalgo> <hashalgo> <class> <primary-fpr>
+            fingerprint = fields[11] if len(fields) >= 12 else fields[2]
+        elif fields[1] in ("BADSIG", "ERRSIG", "NO_PUBKEY", "NODATA", "EXPKEYSIG", "REVKEYSIG"):
+            statuses.append(fields[1])
+    if proc.returncode != 0 or fingerprint is None:
+        if statuses:
+            return None, "%s: %s" % (failure, ", ".join(sorted(set(statuses))))
+        return None, failure
+    return normalize_fingerprint(fingerprint), None
+
+
+def _listed_files(manifest: Dict[str, Any], problems: List[Problem]) -> List[Dict[str, Any]]:
+    files = manifest.get("files")
+    if not isinstance(files, list):
+        problems.append(Problem("manifest", MANIFEST, "'files' is not a list"))
+        return []
+    good: List[Dict[str, Any]] = []
+    seen = set()
+    for entry in files:
+        if not isinstance(entry, dict):
+            problems.append(Problem("manifest", MANIFEST, "file entry is not an object"))
+            continue
+        raw_path = entry.get("path")
+        size = entry.get("size")
+        digest = entry.get("sha256")
+        if not isinstance(raw_path, str) or not _safe_relpath(raw_path) or raw_path in (MANIFEST, SIGNATURE):
+            problems.append(Problem("manifest", str(raw_path), "unsafe or reserved path in manifest"))
+            continue
+        path = raw_path
+        if path in seen:
+            problems.append(Problem("manifest", path, "listed twice"))
+            continue
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(digest, str) or len(digest) != 64:
+            problems.append(Problem("manifest", path, "entry needs an integer size and a sha256"))
+            continue
+        seen.add(path)
+        good.append(entry)
+    return good
+
+
+def _check_file(root: str, entry: Dict[str, Any]) -> Tuple[Optional[Problem], int]:
+    path = entry["path"]
+    full = os.path.join(root, *path.split("/"))
+    try:
+        if os.path.islink(full) or not os.path.isfile(full):
+            if os.path.lexists(full):
+                return Problem("modified", path, "not a regular file"), 0
+            return Problem("missing", path, ""), 0
+        size = os.path.getsize(full)
+        if size != entry["size"]:
+            return Problem("size", path, "expected %d bytes, found %d" % (entry["size"], size)), 0
+        found = sha256_file(full)
+    except OSError as exc:
+        return Problem("missing", path, "unreadable: %s" % exc.strerror), 0
+    if found != entry["sha256"].lower():
+        return Problem("modified", path, "sha256 expected %s, found %s" % (entry["sha256"], found)), size
+    return None, size
+
+
+def _present_files(root: str) -> List[str]:
+    present = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            rel = name if rel_dir == "." else "/".join(rel_dir.split(os.sep) + [name])
+            present.append(rel)
+    return present
+
+
+def verify_bundle(
+    root: str,
+    trusted_fingerprint: Optional[str] = None,
+    check_extra: bool = True,
+    workers: int = 4,
+    on_file: Optional[Callable[[str, int], None]] = None,
+    gpgv: str = "gpgv",
+) -> Report:
+    """Check a bundle's signature, fingerprint and every file.
+
+    ``on_file(path, size)`` is called once per listed file after it was checked
+    (from the calling thread). The report is ok only when there is no problem
+    and the manifest signature verified.
+    """
+    report = Report(root=root)
+    manifest_path = os.path.join(root, MANIFEST)
+    try:
+        with open(manifest_path, "rb") as handle:
+            manifest = json.loads(handle.read().decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        if not os.path.exists(manifest_path):
+            report.problems.append(Problem("missing", MANIFEST, ""))
+        else:
+            report.problems.append(Problem("manifest", MANIFEST, "unreadable: %s" % exc))
+        return report
+    if not isinstance(manifest, dict):
+        report.problems.append(Problem("manifest", MANIFEST, "not a JSON object"))
+        return report
+    report.manifest = manifest
+    if manifest.get("format_version") != FORMAT_VERSION:
+        report.problems.append(
+            Problem("manifest", MANIFEST, "format_version %r, expected %d" % (manifest.get("format_version"), FORMAT_VERSION))
+        )
+
+    fingerprint, reason = check_signature(root, gpgv=gpgv)
+    if fingerprint is None:
+        report.problems.append(Problem("signature", SIGNATURE, reason or ""))
+    else:
+        report.fingerprint = fingerprint
+        declared = (manifest.get("signing_key") or {}).get("fingerprint")
+        if not isinstance(declared, str) or normalize_fingerprint(declared) != fingerprint:
+            report.problems.append(
+                Problem("fingerprint", SIGNATURE, "signed by %s, manifest declares %s" % (fingerprint, declared))
+            )
+        if trusted_fingerprint and normalize_fingerprint(trusted_fingerprint) != fingerprint:
+            report.problems.append(
+                Problem(
+                    "fingerprint",
+                    SIGNATURE,
+                    "signed by %s, expected %s" % (fingerprint, normalize_fingerprint(trusted_fingerprint)),
+                )
+            )
+
+    files = _listed_files(manifest, report.problems)
+    expected_digest = manifest.get("content_digest")
+    if expected_digest != content_digest(files):
+        report.problems.append(
+            Problem("manifest", MANIFEST, "content_digest %s does not match the listed files" % expected_digest)
+        )
+
+    file_problems: List[Problem] = []
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for entry, (problem, size) in zip(files, pool.map(lambda e: _check_file(root, e), files)):
+            report.files_checked += 1
+            report.bytes_checked += size
+            if problem is not None:
+                file_problems.append(problem)
+            if on_file is not None:
+                on_file(entry["path"], int(entry["size"]))
+
+    if check_extra:
+        listed = set(entry["path"] for entry in files) | {MANIFEST, SIGNATURE}
+        for path in _present_files(root):
+            if path not in listed:
+                file_problems.append(Problem("extra", path, "not listed in %s" % MANIFEST))
+    report.problems.extend(sorted(file_problems, key=lambda p: (p.path, p.kind)))
+    return report

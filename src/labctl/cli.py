@@ -1,0 +1,31 @@
+"""The ``labctl`` command line; each area registers its own Typer sub-app here."""
+
+from __future__ import annotations
+
+import typer
+
+from labctl import __version__
+from labctl.bundle.cli import app as bundle_app
+
+app = typer.Typer(
+    name="labctl",
+    help="Build and verify offline bundles and drive the air-gapped lab playbooks.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(bundle_app, name="bundle")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"labctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """labctl: offline bundles for air-gapped GPU LLM servers."""

@@ -1,0 +1,181 @@
+"""Lab profiles: what goes into a bundle for one kind of target (``profiles/*.yml``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from labctl.paths import profiles_dir
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+class ProfileError(Exception):
+    """A profile that cannot be found, read or validated; the message names file and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Target(_Strict):
+    os: str = Field(description="distribution id, e.g. debian or ubuntu")
+    release: str = Field(description="VERSION_ID, e.g. '12' or '24.04'")
+    codename: str
+    arch: str = "amd64"
+    foreign_arches: list[str] = Field(default_factory=list, description="extra dpkg architectures")
+    python: str = Field(description="the target's python3 X.Y")
+    python_abi: str | None = None
+
+    @field_validator("release", mode="before")
+    @classmethod
+    def _release_text(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, float):
+            raise ValueError("quote it, e.g. '24.04'")
+        return value
+
+    @field_validator("python", mode="before")
+    @classmethod
+    def _python_text(cls, value: Any) -> Any:
+        if isinstance(value, float):
+            raise ValueError("quote it, e.g. '3.11' (YAML reads 3.10 as the number 3.1)")
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python_version(cls, value: str) -> str:
+        if not re.fullmatch(r"3\.\d+", value):
+            raise ValueError("must look like '3.11'")
+        return value
+
+    @property
+    def abi(self) -> str:
+        return self.python_abi or "cp" + self.python.replace(".", "")
+
+
+class AptSource(_Strict):
+    name: str = Field(description="short id, used by groups[].sources")
+    uris: list[str] = Field(min_length=1)
+    suites: list[str] = Field(min_length=1, description="'./' (or a path ending in '/') for a flat repo")
+    components: list[str] = Field(default_factory=list, description="empty for a flat repo")
+    signed_by: str = Field(description="keyring file; relative paths are relative to the profile")
+    optional: bool = Field(default=False, description="skip (with a warning) when unreachable")
+
+    @model_validator(mode="after")
+    def _flat_or_not(self) -> AptSource:
+        for suite in self.suites:
+            if suite.endswith("/") and self.components:
+                raise ValueError(f"flat suite {suite!r} takes no components")
+            if not suite.endswith("/") and not self.components:
+                raise ValueError(f"suite {suite!r} needs components (or end it with '/' for a flat repo)")
+        return self
+
+
+class PackageGroup(_Strict):
+    packages: list[str] = Field(min_length=1)
+    sources: list[str] = Field(default_factory=list, description="sources this group needs")
+
+
+class Apt(_Strict):
+    sources: list[AptSource] = Field(default_factory=list)
+    packages: list[str] = Field(default_factory=list, description="always resolved")
+    groups: dict[str, PackageGroup] = Field(
+        default_factory=dict, description="resolved unless one of their sources is skipped"
+    )
+    install_recommends: bool = True
+    local_debs: list[str] = Field(default_factory=list, description="dirs of .deb added verbatim")
+
+    @model_validator(mode="after")
+    def _known_sources(self) -> Apt:
+        names = [s.name for s in self.sources]
+        if len(set(names)) != len(names):
+            raise ValueError("source names must be unique")
+        for group_name, group in self.groups.items():
+            for source in group.sources:
+                if source not in names:
+                    raise ValueError(f"group {group_name!r} needs unknown source {source!r}")
+        return self
+
+
+class Wheels(_Strict):
+    requirements: list[str] = Field(default_factory=list, description="requirement lines")
+    requirements_files: list[str] = Field(default_factory=list, description="relative to the profile")
+    platforms: list[str] = Field(default_factory=list, description="extra pip --platform tags")
+    local: list[str] = Field(default_factory=list, description="dirs of .whl added verbatim")
+
+
+class Profile(_Strict):
+    name: str | None = None
+    description: str = ""
+    target: Target
+    apt: Apt = Field(default_factory=Apt)
+    wheels: Wheels = Field(default_factory=Wheels)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str | None) -> str | None:
+        if value is not None and not _NAME.match(value):
+            raise ValueError("use lowercase letters, digits, '.', '_' and '-'")
+        return value
+
+
+class LoadedProfile(BaseModel):
+    """A validated profile with where it came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    path: Path
+    spec: Profile
+
+    def resolve(self, relative: str) -> Path:
+        """A path from the profile, relative to the profile's directory."""
+        return (self.path.parent / Path(relative).expanduser()).resolve()
+
+
+def find_profile(name_or_path: str) -> Path:
+    candidate = Path(name_or_path).expanduser()
+    if candidate.suffix in (".yml", ".yaml") or "/" in name_or_path:
+        if candidate.is_file():
+            return candidate.resolve()
+        raise ProfileError(f"profile file {candidate} not found")
+    for suffix in (".yml", ".yaml"):
+        path = profiles_dir() / f"{name_or_path}{suffix}"
+        if path.is_file():
+            return path
+    raise ProfileError(f"profile {name_or_path!r} not found (looked for {profiles_dir()}/{name_or_path}.yml)")
+
+
+def _format_errors(path: Path, exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        loc = ".".join(str(item) for item in error["loc"]) or "(top level)"
+        if error["type"] == "extra_forbidden":
+            parts.append(f"{loc}: unknown field")
+        else:
+            parts.append(f"{loc}: {error['msg']}")
+    return f"profile {path}: " + "; ".join(parts)
+
+
+def load_profile(name_or_path: str) -> LoadedProfile:
+    path = find_profile(name_or_path)
+    try:
+        raw: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileError(f"profile {path}: {exc}".replace("\n", " ")) from exc
+    if not isinstance(raw, dict):
+        raise ProfileError(f"profile {path}: expected a mapping at the top level")
+    try:
+        spec = Profile.model_validate(raw)
+    except ValidationError as exc:
+        raise ProfileError(_format_errors(path, exc)) from exc
+    name = spec.name or path.stem
+    if not _NAME.match(name):
+        raise ProfileError(f"profile {path}: name: {name!r} is not a valid profile name")
+    return LoadedProfile(name=name, path=path, spec=spec)

@@ -1,0 +1,156 @@
+"""labctl bundle verify and verifycore: every kind of tampering is named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from labctl.bundle import verifycore
+from labctl.bundle.builder import BuildResult
+
+from .conftest import flip_byte, invoke, manifest_of
+
+
+def problems(runner: CliRunner, bundle: Path, *extra: str) -> list[str]:
+    result = invoke(runner, "bundle", "verify", str(bundle), *extra)
+    assert result.exit_code == 1, result.output
+    lines: list[str] = result.stdout.splitlines()
+    return lines
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "apt/pool/labctl-test-lib_2.0-1_amd64.deb",
+        "apt/Packages",
+        "wheels/labctl_demo-1.2.3-py3-none-any.whl",
+        "keys/bundle.gpg",
+    ],
+)
+def test_flipped_byte_is_named(runner: CliRunner, bundle: Path, rel: str) -> None:
+    expected = next(f["sha256"] for f in manifest_of(bundle)["files"] if f["path"] == rel)
+    flip_byte(bundle / rel)
+    found = verifycore.sha256_file(str(bundle / rel))
+    lines = problems(runner, bundle)
+    assert f"modified: {rel} (sha256 expected {expected}, found {found})" in lines
+
+
+def test_missing_file(runner: CliRunner, bundle: Path) -> None:
+    (bundle / "wheels" / "labctl_demo-1.2.3-py3-none-any.whl").unlink()
+    assert problems(runner, bundle) == ["missing: wheels/labctl_demo-1.2.3-py3-none-any.whl"]
+
+
+def test_extra_file(runner: CliRunner, bundle: Path) -> None:
+    (bundle / "apt" / "pool" / "evil.deb").write_bytes(b"evil")
+    assert problems(runner, bundle) == ["extra: apt/pool/evil.deb (not listed in manifest.json)"]
+
+
+def test_size_mismatch_is_not_hashed(bundle: Path) -> None:
+    with (bundle / "apt" / "Packages").open("ab") as handle:
+        handle.write(b"\n")
+    report = verifycore.verify_bundle(str(bundle))
+    assert [(p.kind, p.path) for p in report.problems] == [("size", "apt/Packages")]
+
+
+def _rewrite_manifest(bundle: Path, edit: object) -> None:
+    manifest = manifest_of(bundle)
+    assert callable(edit)
+    edit(manifest)
+    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def test_manifest_size_edited_without_resigning(runner: CliRunner, bundle: Path) -> None:
+    def edit(manifest: dict[str, list[dict[str, int]]]) -> None:
+        entry = next(f for f in manifest["files"] if f["path"] == "apt/Packages")
+        entry["size"] += 1
+
+    _rewrite_manifest(bundle, edit)
+    lines = problems(runner, bundle)
+    assert any(line == "signature: manifest.json.sig (does not verify manifest.json with keys/bundle.gpg: BADSIG)" for line in lines)
+    report = verifycore.verify_bundle(str(bundle))
+    assert not report.ok
+    assert {p.kind for p in report.problems} >= {"signature", "size", "manifest"}
+
+
+def test_manifest_entry_removed_without_resigning(bundle: Path) -> None:
+    rel = "apt/pool/labctl-test-tool_0.3_all.deb"
+
+    def edit(manifest: dict[str, list[dict[str, str]]]) -> None:
+        manifest["files"] = [f for f in manifest["files"] if f["path"] != rel]
+
+    _rewrite_manifest(bundle, edit)
+    report = verifycore.verify_bundle(str(bundle))
+    kinds = {(p.kind, p.path) for p in report.problems}
+    assert ("signature", "manifest.json.sig") in kinds
+    assert ("extra", rel) in kinds
+    assert not report.ok
+
+
+def test_file_problems_reported_even_when_signature_fails(bundle: Path) -> None:
+    flip_byte(bundle / "manifest.json.sig")
+    (bundle / "apt" / "Release").unlink()
+    report = verifycore.verify_bundle(str(bundle))
+    assert {(p.kind, p.path) for p in report.problems} == {
+        ("signature", "manifest.json.sig"),
+        ("missing", "apt/Release"),
+    }
+    assert report.fingerprint is None and not report.ok
+
+
+def test_wrong_fingerprint(runner: CliRunner, bundle: Path, built: BuildResult) -> None:
+    real = built.manifest["signing_key"]["fingerprint"]
+    wrong = "0123456789ABCDEF0123456789ABCDEF01234567"
+    assert problems(runner, bundle, "--fingerprint", wrong) == [
+        f"fingerprint: manifest.json.sig (signed by {real}, expected {wrong})"
+    ]
+    spaced = " ".join(real[i : i + 4] for i in range(0, 40, 4)).lower()
+    assert invoke(runner, "bundle", "verify", str(bundle), "--fingerprint", spaced).exit_code == 0
+
+
+def test_manifest_declares_other_key(bundle: Path) -> None:
+    def edit(manifest: dict[str, dict[str, str]]) -> None:
+        manifest["signing_key"]["fingerprint"] = "F" * 40
+
+    _rewrite_manifest(bundle, edit)
+    kinds = [p.kind for p in verifycore.verify_bundle(str(bundle)).problems]
+    assert "signature" in kinds  # the edit itself breaks the signature
+
+
+def test_json_output(runner: CliRunner, bundle: Path, built: BuildResult) -> None:
+    ok = invoke(runner, "bundle", "verify", str(bundle), "--json")
+    assert ok.exit_code == 0
+    data = json.loads(ok.stdout)
+    assert data["ok"] is True and data["problems"] == []
+    assert data["fingerprint"] == built.manifest["signing_key"]["fingerprint"]
+    assert data["content_digest"] == built.manifest["content_digest"]
+    assert data["files_checked"] == len(built.manifest["files"])
+
+    (bundle / "keys" / "bundle.asc").unlink()
+    bad = invoke(runner, "bundle", "verify", str(bundle), "--json")
+    assert bad.exit_code == 1
+    data = json.loads(bad.stdout)
+    assert data["ok"] is False
+    assert data["problems"] == [{"kind": "missing", "path": "keys/bundle.asc", "detail": ""}]
+
+
+def test_not_a_bundle(runner: CliRunner, tmp_path: Path) -> None:
+    assert problems(runner, tmp_path) == ["missing: manifest.json"]
+
+
+def test_on_file_callback_and_workers(built: BuildResult) -> None:
+    seen: list[tuple[str, int]] = []
+    report = verifycore.verify_bundle(str(built.path), workers=1, on_file=lambda p, s: seen.append((p, s)))
+    assert report.ok
+    assert sorted(seen) == sorted((f["path"], f["size"]) for f in built.manifest["files"])
+
+
+def test_unsafe_manifest_path(bundle: Path) -> None:
+    def edit(manifest: dict[str, list[dict[str, object]]]) -> None:
+        manifest["files"].append({"path": "../outside", "size": 1, "sha256": "0" * 64})
+
+    _rewrite_manifest(bundle, edit)
+    kinds = {(p.kind, p.path) for p in verifycore.verify_bundle(str(bundle)).problems}
+    assert ("manifest", "../outside") in kinds

@@ -1,0 +1,87 @@
+"""Profile schema: the shipped profiles load, mistakes are named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from labctl.profile import ProfileError, load_profile
+
+from .conftest import invoke
+
+TARGET = "target: {os: debian, release: '12', codename: bookworm, python: '3.11'}\n"
+
+
+def test_shipped_profiles_load() -> None:
+    test = load_profile("test")
+    assert test.name == "test"
+    assert test.spec.target.abi == "cp311"
+    assert test.spec.apt.packages == ["python3-venv", "python3-pip", "jq"]
+    assert test.spec.wheels.requirements == ["requests==2.32.5"]
+    lab = load_profile("lab")
+    assert lab.spec.target.abi == "cp312"
+    optional = {s.name for s in lab.spec.apt.sources if s.optional}
+    assert optional == {"cuda", "grafana"}
+    assert set(lab.spec.apt.groups) == {"nvidia", "grafana"}
+
+
+def test_profile_by_path(tmp_path: Path) -> None:
+    path = tmp_path / "mine.yml"
+    path.write_text(TARGET)
+    loaded = load_profile(str(path))
+    assert loaded.name == "mine" and loaded.path == path
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (TARGET + "apt:\n  packagez: [jq]\n", "apt.packagez: unknown field"),
+        (TARGET + "wheel: {}\n", "wheel: unknown field"),
+        (TARGET + "apt:\n  packages: jq\n", "apt.packages: Input should be a valid list"),
+        (TARGET + "apt:\n  install_recommends: maybe\n", "apt.install_recommends:"),
+        ("target: {os: debian, release: '12', codename: bookworm, python: 3.10}\n", "target.python: Value error, quote it"),
+        ("target: {os: debian, release: '12', codename: bookworm}\n", "target.python: Field required"),
+        (
+            TARGET + "apt:\n  sources:\n    - {name: x, uris: [http://x], suites: [s], signed_by: k}\n",
+            "apt.sources.0: Value error, suite 's' needs components",
+        ),
+        (
+            TARGET + "apt:\n  groups:\n    g: {sources: [nope], packages: [a]}\n",
+            "group 'g' needs unknown source 'nope'",
+        ),
+    ],
+)
+def test_bad_profile_is_named(tmp_path: Path, body: str, field: str) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(body)
+    with pytest.raises(ProfileError) as info:
+        load_profile(str(path))
+    message = str(info.value)
+    assert message.startswith(f"profile {path}: ")
+    assert field in message
+    assert "\n" not in message
+
+
+def test_cli_reports_profile_error(runner: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(TARGET + "apt:\n  sourcez: []\n")
+    result = invoke(runner, "bundle", "build", "--profile", str(path), "--out", str(tmp_path / "b"))
+    assert result.exit_code == 1
+    assert result.stderr == f"error: profile {path}: apt.sourcez: unknown field\n"
+
+
+def test_unknown_profile_name(runner: CliRunner, tmp_path: Path) -> None:
+    result = invoke(runner, "bundle", "build", "--profile", "nope", "--out", str(tmp_path / "b"))
+    assert result.exit_code == 1
+    assert "profile 'nope' not found" in result.stderr
+
+
+def test_base_options_are_exclusive(runner: CliRunner, tmp_path: Path) -> None:
+    result = invoke(
+        runner, "bundle", "build", "--profile", "test", "--out", str(tmp_path / "b"),
+        "--base-image", "img", "--base-status", "/var/lib/dpkg/status",
+    )
+    assert result.exit_code == 1
+    assert "either --base-image or --base-status" in result.stderr

@@ -1,0 +1,91 @@
+"""Project-level invariants: collections, variable precedence, role interfaces, templates."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # the venv that runs the tests carries ansible
+ROLES = sorted(p for p in (REPO / "roles").iterdir() if p.is_dir())
+
+
+def test_installed_collections_satisfy_requirements_yml() -> None:
+    wanted = yaml.safe_load((REPO / "requirements.yml").read_text())["collections"]
+    out = subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", "list", "--format", "json"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    ).stdout
+    installed: dict[str, str] = {}
+    for path_entries in json.loads(out).values():
+        for name, info in path_entries.items():
+            installed.setdefault(name, info["version"])
+    for entry in wanted:
+        assert entry["name"] in installed, f"{entry['name']} is not installed"
+        assert installed[entry["name"]] == entry["version"], (
+            f"{entry['name']}: requirements.yml pins {entry['version']}, installed {installed[entry['name']]}"
+        )
+
+
+@pytest.mark.parametrize("inventory", ["lab", "sandbox"])
+def test_project_group_vars_reach_imported_playbooks(tmp_path: Path, inventory: str) -> None:
+    """Plays imported from a sub-directory see group_vars/all/project.yml, and the site overrides it.
+
+    A group_vars/ next to site.yml alone would not apply to plays in playbooks/; the inventories
+    link the project file into their group_vars/all instead. This probe has the same shape as
+    site.yml -> playbooks/<layer>.yml.
+    """
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "site.yml").write_text(
+        "- name: Probe layer\n  ansible.builtin.import_playbook: playbooks/probe.yml\n"
+    )
+    (tmp_path / "playbooks" / "probe.yml").write_text(
+        yaml.safe_dump([{
+            "name": "Probe",
+            "hosts": "all",
+            "gather_facts": False,
+            "connection": "local",
+            "tasks": [{
+                "name": "Show",
+                "ansible.builtin.debug": {"msg": "PROBE {{ lab_bundle_dir }} {{ lab_bundle_fingerprint | length }}"},
+            }],
+        }])
+    )
+    out = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(REPO / "inventories" / inventory), str(tmp_path / "site.yml"),
+         "--limit", "all[0]", "-e", "ansible_python_interpreter=/usr/bin/env python3"],
+        capture_output=True, text=True, cwd=tmp_path, check=False,
+        env={"PATH": f"{BIN}:/usr/bin:/bin", "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+             "LABCTL_BUNDLE_FINGERPRINT": "F" * 40, "HOME": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    # The project default for lab_bundle_dir, and a 40-character fingerprint from the site's own
+    # group_vars file (the project default is empty): the site wins over the project.
+    assert "PROBE /srv/labctl/bundle 40" in out.stdout
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_argument_specs_cover_exactly_the_defaults(role: Path) -> None:
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {}
+    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())
+    options = specs["argument_specs"]["main"]["options"]
+    assert set(defaults) == set(options), f"{role.name}: defaults and argument_specs differ"
+    for name in defaults:
+        assert name.startswith(role.name + "_"), f"{name} lacks the role prefix {role.name}_"
+        assert options[name].get("description"), f"{name} has no description"
+
+
+@pytest.mark.parametrize("template", sorted((REPO / "roles").glob("*/templates/**/*.j2")), ids=lambda p: p.name)
+def test_templates_carry_ansible_managed(template: Path) -> None:
+    assert template.read_text().startswith("{{ ansible_managed | comment"), template
+
+
+def test_site_imports_only_existing_layer_playbooks() -> None:
+    site = yaml.safe_load((REPO / "site.yml").read_text())
+    for play in site:
+        assert (REPO / play["ansible.builtin.import_playbook"]).is_file()
