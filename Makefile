@@ -8,7 +8,7 @@ VENV_STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements/dev.lo
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 TEST_BUNDLE := $(CURDIR)/build/bundles/test
-SCENARIOS   ?= airgap host_tuning
+SCENARIOS   ?= airgap host_tuning gpu
 
 # What molecule, the sandbox inventory and the tests read.
 export LABCTL_BUNDLE = $(TEST_BUNDLE)
@@ -37,7 +37,9 @@ host-tools:
 image: host-tools
 	scripts/build-base-image.sh >/dev/null
 
+# The test bundle also carries stub NVIDIA packages (tests/fixtures/nvidia-repo, test doubles).
 bundle-test: venv image
+	python3 tests/fixtures/nvidia-repo/build.py >/dev/null
 	labctl bundle build --profile test --out $(TEST_BUNDLE) --base-image $(LABCTL_TEST_IMAGE)
 	labctl bundle verify $(TEST_BUNDLE)
 
