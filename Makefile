@@ -40,6 +40,7 @@ image: host-tools
 # The test bundle also carries stub NVIDIA packages (tests/fixtures/nvidia-repo, test doubles).
 bundle-test: venv image
 	python3 tests/fixtures/nvidia-repo/build.py >/dev/null
+	python3 scripts/make-tiny-model.py build/models/tiny-llama/r1 >/dev/null
 	labctl bundle build --profile test --out $(TEST_BUNDLE) --base-image $(LABCTL_TEST_IMAGE)
 	labctl bundle verify $(TEST_BUNDLE)
 

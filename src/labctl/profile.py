@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -110,12 +110,108 @@ class Wheels(_Strict):
     local: list[str] = Field(default_factory=list, description="dirs of .whl added verbatim")
 
 
+TIKTOKEN_BASE_URL = "https://openaipublic.blob.core.windows.net/encodings/"
+TiktokenEncoding = Literal["o200k_base", "cl100k_base"]
+
+
+def _default_encodings() -> list[TiktokenEncoding]:
+    return ["o200k_base", "cl100k_base"]
+
+
+class Tiktoken(_Strict):
+    """The tokenizer files openai-harmony loads for gpt-oss (checked against its hard-coded sha256)."""
+
+    source: Literal["url", "path", "wheel"] = Field(description="where the .tiktoken files come from")
+    url: str = Field(default=TIKTOKEN_BASE_URL, description="base URL (source: url); a mirror works too")
+    path: str | None = Field(
+        default=None,
+        description="source: path: dir with o200k_base.tiktoken etc. or the sha1-named files; relative to the profile",
+    )
+    wheel: str | None = Field(
+        default=None,
+        description="source: wheel: a pip requirement (e.g. litellm==1.106.0) or a .whl file (relative to the profile)",
+    )
+    encodings: list[TiktokenEncoding] = Field(default_factory=_default_encodings, min_length=1)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not re.match(r"^(https?|file)://", value):
+            raise ValueError("must start with https://, http:// or file://")
+        return value if value.endswith("/") else value + "/"
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> Tiktoken:
+        if len(set(self.encodings)) != len(self.encodings):
+            raise ValueError("encodings must be unique")
+        for option in ("path", "wheel"):
+            given = getattr(self, option) is not None
+            if self.source == option and not given:
+                raise ValueError(f"source: {option} needs {option}: ...")
+            if self.source != option and given:
+                raise ValueError(f"{option} is only read with source: {option} (source is {self.source})")
+        return self
+
+
+_COMPONENT = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def _path_component(value: str) -> str:
+    if not _COMPONENT.match(value) or value in (".", ".."):
+        raise ValueError("must be a safe path component: letters, digits, '.', '_' and '-', not '.' or '..'")
+    return value
+
+
+class HuggingFaceSource(_Strict):
+    repo_id: str = Field(description="e.g. openai/gpt-oss-120b")
+    revision: str = Field(description="branch, tag or (best) commit sha on the hub")
+
+
+class Model(_Strict):
+    """One model snapshot, bundled as models/<name>/<revision>/."""
+
+    name: str = Field(description="directory name in the bundle (and on the targets)")
+    revision: str = Field(description="the bundle's label for this snapshot, e.g. r1")
+    path: str | None = Field(default=None, description="local snapshot dir; relative to the profile")
+    huggingface: HuggingFaceSource | None = Field(default=None, description="download with huggingface_hub")
+    exclude: list[str] = Field(
+        default_factory=list, description="glob patterns of snapshot paths to leave out (e.g. 'original/*')"
+    )
+    create_with: str | None = Field(
+        default=None, description="the command that creates `path`, shown when it is missing"
+    )
+
+    @field_validator("name", "revision")
+    @classmethod
+    def _safe(cls, value: str) -> str:
+        return _path_component(value)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Model:
+        if (self.path is None) == (self.huggingface is None):
+            raise ValueError("give exactly one of path or huggingface")
+        return self
+
+
 class Profile(_Strict):
     name: str | None = None
     description: str = ""
     target: Target
     apt: Apt = Field(default_factory=Apt)
     wheels: Wheels = Field(default_factory=Wheels)
+    tiktoken: Tiktoken | None = Field(default=None, description="tokenizer files for gpt-oss (harmony)")
+    models: list[Model] = Field(default_factory=list)
+
+    @field_validator("models")
+    @classmethod
+    def _unique_models(cls, value: list[Model]) -> list[Model]:
+        seen = set()
+        for model in value:
+            key = (model.name, model.revision)
+            if key in seen:
+                raise ValueError(f"model {model.name} revision {model.revision} is listed twice")
+            seen.add(key)
+        return value
 
     @field_validator("name")
     @classmethod

@@ -17,6 +17,7 @@ from rich.progress import (
     SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
+    TimeRemainingColumn,
     TransferSpeedColumn,
 )
 
@@ -89,6 +90,8 @@ class RichReporter:
         else:
             columns += [MofNCompleteColumn(), TextColumn(unit)]
         columns.append(TimeElapsedColumn())
+        if unit == "bytes" and total is not None:
+            columns.append(TimeRemainingColumn())
         with Progress(*columns, console=self._console) as progress:
             task_id = progress.add_task(description, total=total)
 

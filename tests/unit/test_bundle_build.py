@@ -40,7 +40,7 @@ def test_cli_build_then_verify(runner: CliRunner, inputs: Inputs, tmp_path: Path
     summary = json.loads(result.stdout)
     assert summary["path"] == str(out)
     assert summary["profile"] == "unit"
-    assert summary["counts"] == {"apt_packages": 3, "apt_local": 3, "wheels": 1, "files": 11}
+    assert summary["counts"] == {"apt_packages": 3, "apt_local": 3, "wheels": 1, "tiktoken": 0, "models": 0, "files": 11}
     assert summary["sizes"]["total"] > summary["sizes"]["apt"] > 0
     assert summary["skipped"] == []
     assert re.fullmatch(r"[0-9a-f]{64}", summary["content_digest"])

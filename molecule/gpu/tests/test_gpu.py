@@ -107,3 +107,28 @@ def test_second_run_changes_nothing_and_restarts_nothing(host):
     recap = [line for line in result.stdout.splitlines() if "changed=" in line]
     assert recap and all("changed=0" in line for line in recap), recap
     assert host.check_output("systemctl show -p MainPID --value nvidia-persistenced") == pid
+
+
+def test_driver_change_waits_for_a_reboot_then_verifies(host):
+    """On a real host (kernel modules managed, reboots not allowed) a driver change is reported,
+    not verified, until the host rebooted; after the reboot the run verifies the new driver.
+    A container restart is the reboot here: /run is a tmpfs, as on a real host."""
+    real_host = ["-e", "nvidia_driver_kernel_module_managed=true", "-e", "nvidia_driver_install_kernel_headers=false",
+                 "-e", "nvidia_driver_version=580.105.08-1"]
+    first = _site(*real_host)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    assert "REBOOT REQUIRED" in first.stdout
+    assert host.package("nvidia-open").version == "580.105.08-1"
+    assert host.file("/run/labctl/nvidia-driver-reboot-required").exists
+    # Until the reboot, every run says so again instead of failing the verification.
+    again = _site(*real_host)
+    assert again.returncode == 0 and "REBOOT REQUIRED" in again.stdout
+    assert "Read the GPUs through the installed driver" not in again.stdout
+    name = host.check_output("hostname")
+    subprocess.run(["docker", "restart", name], check=True, capture_output=True, timeout=120)
+    subprocess.run(["docker", "exec", name, "systemctl", "is-system-running", "--wait"],
+                   capture_output=True, timeout=120, check=False)
+    after = _site(*real_host)
+    assert after.returncode == 0, after.stdout[-3000:] + after.stderr[-2000:]
+    assert "REBOOT REQUIRED" not in after.stdout
+    assert "driver 580.105.08 on every GPU" in after.stdout

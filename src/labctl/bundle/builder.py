@@ -16,7 +16,9 @@ from labctl.bundle.apt_stage import BaseSpec, check_base, collect_apt
 from labctl.bundle.aptrepo import write_repo
 from labctl.bundle.errors import BuildError
 from labctl.bundle.gpg import SigningKey
+from labctl.bundle.models_stage import collect_models
 from labctl.bundle.staging import Staging
+from labctl.bundle.tiktoken_stage import collect_tiktoken
 from labctl.bundle.wheel_stage import collect_wheels
 from labctl.paths import private_dir
 from labctl.profile import LoadedProfile
@@ -42,6 +44,8 @@ class BuildResult:
         components = self.manifest["components"]
         packages = components["apt"]["packages"]
         wheels = components["wheels"]["files"]
+        tiktoken = components.get("tiktoken", {}).get("files", [])
+        models = components.get("models", [])
         files = self.manifest["files"]
         return {
             "path": str(self.path),
@@ -52,14 +56,21 @@ class BuildResult:
                 "apt_packages": len(packages),
                 "apt_local": sum(1 for p in packages if p.get("origin") == "local"),
                 "wheels": len(wheels),
+                "tiktoken": len(tiktoken),
+                "models": len(models),
                 "files": len(files),
             },
             "sizes": {
                 "apt": sum(p["size"] for p in packages),
                 "wheels": sum(w["size"] for w in wheels),
+                "tiktoken": sum(t["size"] for t in tiktoken),
+                "models": sum(m["bytes"] for m in models),
                 "total": sum(f["size"] for f in files),
             },
             "skipped": components["apt"]["skipped"],
+            "models": [
+                {"name": m["name"], "revision": m["revision"], "files": m["files"], "bytes": m["bytes"]} for m in models
+            ],
             "duration_s": round(self.duration_s, 3),
         }
 
@@ -123,6 +134,8 @@ def _stage(options: BuildOptions, key: SigningKey, cache: Path, staging: Staging
     reporter.info(f"bundle {profile.name}: staging in {staging.root}")
     apt = collect_apt(profile, cache, options.base, staging)
     wheels = collect_wheels(profile, cache, staging)
+    tiktoken = collect_tiktoken(profile, cache, staging)
+    models = collect_models(profile, cache, staging)
     root = staging.root
     write_repo(
         root / "apt",
@@ -136,7 +149,13 @@ def _stage(options: BuildOptions, key: SigningKey, cache: Path, staging: Staging
     with reporter.task("hash bundle files", None, unit="files") as advance:
         files = staging.file_entries()
         advance(len(files))
-    manifest = _manifest(options, key, {"apt": apt.component(), "wheels": wheels.component()}, files)
+    components = {
+        "apt": apt.component(),
+        "wheels": wheels.component(),
+        "tiktoken": tiktoken.component(),
+        "models": models.component(),
+    }
+    manifest = _manifest(options, key, components, files)
     manifest_path = root / verifycore.MANIFEST
     manifest_path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     key.detach_sign(manifest_path, root / verifycore.SIGNATURE)

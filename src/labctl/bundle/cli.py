@@ -74,6 +74,10 @@ def build(
     typer.echo(f"bundle {summary['profile']}: {summary['path']}")
     typer.echo(f"  apt packages: {counts['apt_packages']} ({human_size(sizes['apt'])})")
     typer.echo(f"  wheels: {counts['wheels']} ({human_size(sizes['wheels'])})")
+    if counts["tiktoken"]:
+        typer.echo(f"  tiktoken: {counts['tiktoken']} files ({human_size(sizes['tiktoken'])})")
+    for model in summary["models"]:
+        typer.echo(f"  model: {model['name']} {model['revision']}: {model['files']} files ({human_size(model['bytes'])})")
     typer.echo(f"  files: {counts['files']} ({human_size(sizes['total'])})")
     for skipped in summary["skipped"]:
         typer.echo(f"  skipped: apt source {skipped['source']} ({skipped['reason']})")

@@ -42,3 +42,29 @@ def hash_bytes(data: bytes) -> Hashes:
         sha1=hashlib.sha1(data).hexdigest(),
         md5=hashlib.md5(data).hexdigest(),
     )
+
+
+BIG_CHUNK = 8 * 1024 * 1024
+
+
+def copy_sha256(src: Path, dst: Path, advance: Callable[[int], None] | None = None) -> tuple[int, str]:
+    """Copy a (large) file reading it once: 8 MiB buffer, sha256 only; mode and mtime kept.
+
+    Returns ``(size, sha256)``. For model weights: no sha1/md5 (apt needs those, models do not).
+    """
+    digest = hashlib.sha256()
+    size = 0
+    buffer = bytearray(BIG_CHUNK)
+    view = memoryview(buffer)
+    with src.open("rb", buffering=0) as reader, dst.open("wb", buffering=0) as writer:
+        while count := reader.readinto(buffer):
+            chunk = view[:count]
+            digest.update(chunk)
+            written = 0
+            while written < count:
+                written += writer.write(chunk[written:]) or 0
+            size += count
+            if advance is not None:
+                advance(count)
+    shutil.copystat(src, dst)
+    return size, digest.hexdigest()

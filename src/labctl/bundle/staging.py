@@ -10,7 +10,7 @@ from pathlib import Path
 
 from labctl.bundle import verifycore
 from labctl.bundle.errors import BuildError
-from labctl.bundle.fileops import Hashes, copy_hashed
+from labctl.bundle.fileops import Hashes, copy_hashed, hash_bytes
 from labctl.progress import Reporter
 
 
@@ -21,6 +21,10 @@ class Staging:
     reporter: Reporter
     hashes: dict[str, Hashes] = field(default_factory=dict)
     input_mtimes: list[float] = field(default_factory=list)
+    # size and sha256 of files placed without Hashes (model files, hashed while copied or reused)
+    sums: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # run after the staged bundle replaced ``out`` (e.g. recording what a next build may reuse)
+    after_commit: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
     def start(cls, out: Path, reporter: Reporter) -> Staging:
@@ -36,13 +40,31 @@ class Staging:
 
     def add_file(self, src: Path, rel: str, advance: Callable[[int], None] | None = None) -> Hashes:
         """Copy an input file into the bundle at ``rel`` (mtime kept) and remember its hashes."""
-        dst = self.root / rel
-        if dst.exists():
-            raise BuildError(f"{src}: {rel} is already in the bundle (two inputs with the same file name)")
+        dst = self.new_path(rel, str(src))
         hashes = copy_hashed(src, dst, advance)
         self.hashes[rel] = hashes
         self.input_mtimes.append(src.stat().st_mtime)
         return hashes
+
+    def new_path(self, rel: str, origin: str) -> Path:
+        """Where a new bundle file ``rel`` goes (parents created); refuses a second file at ``rel``."""
+        dst = self.root / rel
+        if dst.exists() or rel in self.sums:
+            raise BuildError(f"{origin}: {rel} is already in the bundle (two inputs with the same file name)")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        return dst
+
+    def add_bytes(self, data: bytes, rel: str, origin: str) -> Hashes:
+        """Write generated or extracted content at ``rel``; it does not date the bundle."""
+        dst = self.new_path(rel, origin)
+        dst.write_bytes(data)
+        hashes = hash_bytes(data)
+        self.hashes[rel] = hashes
+        return hashes
+
+    def record(self, rel: str, size: int, sha256: str) -> None:
+        """Remember the size and sha256 of a file placed at ``rel`` by the caller."""
+        self.sums[rel] = (size, sha256)
 
     def add_all(self, sources: Iterable[tuple[Path, str]], description: str) -> dict[str, Hashes]:
         items = list(sources)
@@ -63,8 +85,13 @@ class Staging:
             if path.is_symlink():
                 raise BuildError(f"{rel}: symlinks are not allowed in a bundle")
             known = self.hashes.get(rel)
-            size = known.size if known else path.stat().st_size
-            digest = known.sha256 if known else verifycore.sha256_file(str(path))
+            summed = self.sums.get(rel)
+            if known is not None:
+                size, digest = known.size, known.sha256
+            elif summed is not None:
+                size, digest = summed
+            else:
+                size, digest = path.stat().st_size, verifycore.sha256_file(str(path))
             entries.append({"path": rel, "size": size, "sha256": digest})
         return entries
 
@@ -80,6 +107,8 @@ class Staging:
             shutil.rmtree(old)
         else:
             self.root.rename(self.out)
+        for callback in self.after_commit:
+            callback()
 
 
 def check_replaceable(out: Path) -> None:
