@@ -8,7 +8,7 @@ VENV_STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements/dev.lo
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 TEST_BUNDLE := $(CURDIR)/build/bundles/test
-SCENARIOS   ?= airgap host_tuning gpu
+SCENARIOS   ?= airgap host_tuning gpu artifacts
 
 # What molecule, the sandbox inventory and the tests read.
 export LABCTL_BUNDLE = $(TEST_BUNDLE)
@@ -62,6 +62,12 @@ molecule-run:
 	@for s in $(SCENARIOS); do echo "=== molecule test -s $$s"; molecule test -s $$s; done
 
 test: lint unit molecule
+
+# Not a test: staging speed vs rsync -a and sha256sum on synthetic weights (8 x 1 GiB, 3 rounds; BENCH_FILES,
+# BENCH_SIZE, BENCH_WORKERS, BENCH_ROUNDS change it). Table on stdout, JSON in build/bench-artifacts.json.
+.PHONY: bench-artifacts
+bench-artifacts: venv
+	python3 scripts/bench-artifacts.py
 
 demo: bundle-test
 	$(MAKE) --no-print-directory demo-run

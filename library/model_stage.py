@@ -1,0 +1,1118 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Ansible module: stage one model revision (resumable copy, sha256 verification, verified stamp)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_stage
+short_description: Stage a model revision resumably and verify it against its SHA256SUMS
+description:
+  - Copies the files a C(SHA256SUMS) lists (sha256sum format, paths relative to the revision
+    directory) from O(src) into a partial directory beside O(dest) (C(.partial-<revision>)),
+    hashing every byte while it is copied, and renames the partial directory to O(dest) only when
+    every file matches. Files are copied in parallel (O(workers)).
+  - B(Resumable.) Each completed file is recorded in a journal inside the partial directory (size,
+    mtime, inode and the sha256 computed while copying). A re-run after an interruption skips
+    recorded files whose size, mtime and inode are unchanged, and continues a file that was cut
+    off mid-copy from its current size (the existing prefix is hashed, the rest appended).
+    Journal entries written before a reboot are hashed again before they are trusted (data that
+    was only in the page cache may not have reached the disk).
+  - B(Verified.) A file that does not match C(SHA256SUMS) fails the run naming the file with the
+    expected and the found sha256; it is deleted from the partial directory and left out of the
+    journal, so a re-run copies only that file again. Nothing is renamed into place.
+  - B(Stamped.) Before the rename, every file is flushed to disk and C(.labctl-verified.json) is
+    written into the revision (size, mtime and inode of every file, the sha256 of the
+    C(SHA256SUMS) it was verified against, and when it was verified). A re-run on a staged
+    revision compares only that (no file is read) with O(verify=quick); O(verify=full) hashes
+    every file again and fails naming any file that changed.
+  - With O(state=current) the module only records in the stamp that the revision just became
+    current (the caller switched the C(current) link); callers prune older revisions by that time.
+  - Long runs write their progress (bytes done, rate, time left) to O(progress_file) about once a
+    second, for a poller (the C(labctl_progress) action) while the module runs with C(async).
+  - One staging run per model directory at a time (C(flock) on C(.labctl-stage.lock)); a second
+    run waits for the first and then finds its work done or resumes it.
+  - Standard library only; Python 3.8 or later on the target.
+options:
+  src:
+    description:
+      - Source revision directory (with C(SHA256SUMS)) on the host the module runs on. May be the
+        partial directory itself (files pushed there by rsync); then the files are hashed in place.
+      - Not needed when O(dest) is already staged.
+    type: path
+  dest:
+    description: The revision directory to create, C(<root>/<name>/<revision>).
+    type: path
+    required: true
+  state:
+    description: C(staged) stages and verifies; C(current) records that O(dest) just became current.
+    type: str
+    choices: [staged, current]
+    default: staged
+  verify:
+    description: For a staged revision, C(quick) compares the stamp with the files' metadata; C(full) hashes every file.
+    type: str
+    choices: [quick, full]
+    default: quick
+  workers:
+    description: Files copied or hashed in parallel.
+    type: int
+    default: 4
+  owner:
+    description: Owner of the staged files and directories.
+    type: str
+    default: root
+  group:
+    description: Group of the staged files and directories.
+    type: str
+    default: root
+  progress_file:
+    description: JSON file the progress is written to about once a second (empty for none).
+    type: path
+    default: ""
+  label:
+    description: Name of the revision in messages (default C(<name> <revision>) from O(dest)).
+    type: str
+    default: ""
+  bwlimit:
+    description: Copy at most this many MiB/s in total (0 = no limit), e.g. to spare a shared NFS server.
+    type: int
+    default: 0
+author:
+  - labctl maintainers
+"""
+
+EXAMPLES = r"""
+- name: Stage gpt-oss-120b r1 from the bundle
+  model_stage:
+    src: /srv/labctl/bundle/models/gpt-oss-120b/r1
+    dest: /srv/models/gpt-oss-120b/r1
+    progress_file: /run/labctl/model-stage-gpt-oss-120b.json
+  async: 14400
+  poll: 0
+  register: stage_job
+"""
+
+RETURN = r"""
+revision_dir:
+  description: The revision directory.
+  returned: always
+  type: str
+staged:
+  description: This run copied or completed the revision and renamed it into place.
+  returned: always
+  type: bool
+verification:
+  description: How the files were checked this run (copy = hashed while copied, quick = stamp, full = hashed again).
+  returned: success
+  type: str
+files:
+  description: Files in the revision.
+  returned: success
+  type: int
+bytes_total:
+  description: Size of the revision.
+  returned: success
+  type: int
+bytes_copied:
+  description: Bytes copied this run.
+  returned: success
+  type: int
+bytes_resumed:
+  description: Bytes of cut-off files kept from an earlier run (hashed, not copied again).
+  returned: success
+  type: int
+bytes_skipped:
+  description: Bytes of files completed by an earlier run (not copied again).
+  returned: success
+  type: int
+bytes_hashed:
+  description: Bytes read only to hash them (kept prefixes, files from before a reboot, full verification).
+  returned: success
+  type: int
+bytes_read:
+  description: Every byte this run read from a model file (bytes_copied + bytes_hashed); 0 for a quick re-run.
+  returned: success
+  type: int
+problems:
+  description: Files that failed (path, problem, expected, found).
+  returned: always
+  type: list
+revisions:
+  description: Revisions in the model directory, most recently current first (revision, path, stamped, verified_at, current_since, bytes).
+  returned: success
+  type: list
+partials:
+  description: Unfinished partial directories in the model directory.
+  returned: success
+  type: list
+"""
+
+import errno
+import fcntl
+import grp
+import hashlib
+import json
+import os
+import pwd
+import re
+import shutil
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible.module_utils.basic import AnsibleModule
+
+SUMS = "SHA256SUMS"
+STAMP = ".labctl-verified.json"
+JOURNAL = ".labctl-journal.jsonl"
+LOCK = ".labctl-stage.lock"
+PARTIAL_PREFIX = ".partial-"
+CURRENT = "current"
+STAMP_FORMAT = 1
+BUFFER = 4 * 1024 * 1024
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+_SUM_LINE = re.compile(r"^\\?([0-9a-fA-F]{64}) [ *](.+)$")
+
+
+class StageError(Exception):
+    """A failure reported to the caller with ``msg`` and the problem list."""
+
+    def __init__(self, msg, problems=None):
+        super().__init__(msg)
+        self.msg = msg
+        self.problems = problems or []
+
+
+# --- small helpers ---------------------------------------------------------------------------
+
+def human_bytes(count):
+    count = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if count < 1024 or unit == "TiB":
+            return ("%.0f %s" if unit == "B" else "%.1f %s") % (count, unit)
+        count /= 1024
+    return "%.1f TiB" % count  # pragma: no cover
+
+
+def human_rate(rate):
+    return "%.0f MiB/s" % (rate / 2**20) if rate >= 2**20 else "%.0f KiB/s" % (rate / 1024)
+
+
+def human_eta(seconds):
+    if seconds is None:
+        return "time left unknown"
+    if seconds < 60:
+        return "<1 min left"
+    minutes = int(round(seconds / 60.0))
+    if minutes < 60:
+        return "%d min left" % minutes
+    return "%d h %02d min left" % (minutes // 60, minutes % 60)
+
+
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def safe_relpath(path):
+    return (
+        path
+        and not path.startswith("/")
+        and "\\" not in path
+        and "\n" not in path
+        and all(part not in ("", ".", "..") for part in path.split("/"))
+        and path != SUMS
+        and not path.split("/")[0].startswith(".labctl-")
+    )
+
+
+def parse_sums(text, where):
+    """``{path: sha256}`` from sha256sum output; unsafe or duplicate paths are refused."""
+    sums = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = _SUM_LINE.match(line)
+        if not match:
+            raise StageError("%s line %d is not in sha256sum format: %r" % (where, number, line[:120]))
+        digest, path = match.group(1).lower(), match.group(2)
+        if path.startswith("./"):
+            path = path[2:]
+        if not safe_relpath(path):
+            raise StageError("%s line %d: refusing the path %r (must be relative, without '..')" % (where, number, path))
+        if path in sums:
+            raise StageError("%s line %d: %s is listed twice" % (where, number, path))
+        sums[path] = digest
+    if not sums:
+        raise StageError("%s lists no files" % where)
+    return sums
+
+
+def hash_file(path, progress=None, limit=None):
+    """sha256 of the first ``limit`` bytes (all when None) of ``path``, and the bytes read."""
+    digest = hashlib.sha256()
+    buffer = bytearray(BUFFER)
+    view = memoryview(buffer)
+    done = 0
+    with open(path, "rb", buffering=0) as reader:
+        _advise_sequential(reader.fileno())
+        while limit is None or done < limit:
+            want = BUFFER if limit is None else min(BUFFER, limit - done)
+            count = reader.readinto(view[:want])
+            if not count:
+                break
+            digest.update(view[:count])
+            done += count
+            if progress is not None:
+                progress.add(count)
+    return digest, done
+
+
+def _advise_sequential(fd):
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except OSError:
+            pass
+
+
+def write_json_atomic(path, data, uid, gid, durable=True):
+    tmp = "%s.tmp-%d-%d" % (path, os.getpid(), threading.get_ident())
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        if durable:
+            os.fsync(handle.fileno())
+    os.chmod(tmp, FILE_MODE)
+    if uid is not None:
+        os.chown(tmp, uid, gid)
+    os.replace(tmp, path)
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sums_digest(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# --- progress --------------------------------------------------------------------------------
+
+class Progress:
+    """Byte counters shared by the worker threads, written to a JSON file about once a second."""
+
+    def __init__(self, path, label, uid, gid):
+        self.path = path
+        self.label = label
+        self.uid, self.gid = uid, gid
+        self.lock = threading.Lock()
+        self.phase = "starting"
+        self.total = 0
+        self.done = 0
+        self.files_total = 0
+        self.files_done = 0
+        self.active = set()
+        self.note = ""
+        self.started = time.time()
+        self.samples = []  # (monotonic time, bytes processed this phase)
+        self.processed = 0
+        self.phase_started = time.monotonic()
+        self.stop = threading.Event()
+        self.thread = None
+        self.limit = 0  # bytes/s over all workers; 0 = none
+        self.limit_started = time.monotonic()
+        self.limit_bytes = 0
+
+    def start(self):
+        if self.path:
+            directory = os.path.dirname(self.path)
+            if not os.path.isdir(directory):
+                os.makedirs(directory, mode=DIR_MODE, exist_ok=True)
+            self.write()
+            self.thread = threading.Thread(target=self._loop, name="progress", daemon=True)
+            self.thread.start()
+
+    def _loop(self):
+        while not self.stop.wait(1.0):
+            self.write()
+
+    def begin(self, phase, total, files_total, already=0, files_already=0):
+        with self.lock:
+            self.phase = phase
+            self.total = total
+            self.done = already
+            self.files_total = files_total
+            self.files_done = files_already
+            self.processed = 0
+            self.samples = []
+            self.phase_started = time.monotonic()
+        self.write()
+
+    def add(self, count):
+        with self.lock:
+            self.done += count
+            self.processed += count
+            if self.limit:
+                self.limit_bytes += count
+        if self.limit:
+            ahead = self.limit_bytes / float(self.limit) - (time.monotonic() - self.limit_started)
+            if ahead > 0:
+                time.sleep(ahead)
+
+    def file_started(self, path):
+        with self.lock:
+            self.active.add(path)
+
+    def file_done(self, path):
+        with self.lock:
+            self.active.discard(path)
+            self.files_done += 1
+
+    def rate(self):
+        now = time.monotonic()
+        with self.lock:
+            self.samples.append((now, self.processed))
+            while len(self.samples) > 2 and now - self.samples[0][0] > 10:
+                self.samples.pop(0)
+            first_time, first_bytes = self.samples[0]
+            if now - first_time >= 0.5:
+                return (self.processed - first_bytes) / (now - first_time)
+            elapsed = now - self.phase_started
+            return self.processed / elapsed if elapsed > 0.5 else None
+
+    VERBS = {"copy": "copied", "hash": "hashed", "verify": "verified", "sync": "copied", "starting": "done"}
+
+    def line(self):
+        rate = self.rate()
+        with self.lock:
+            left = self.total - self.done
+            text = "%s: %s of %s %s" % (self.label, human_bytes(self.done), human_bytes(self.total),
+                                        self.VERBS.get(self.phase, self.phase))
+            if self.phase in ("copy", "hash", "verify"):
+                if rate:
+                    text += ", %s, %s" % (human_rate(rate), human_eta(left / rate if rate > 0 else None))
+                text += " (%d/%d files)" % (self.files_done, self.files_total)
+            elif self.phase == "sync":
+                text += "; flushing to disk"
+            if self.note:
+                text += "; " + self.note
+            return text, rate
+
+    def write(self, final=None):
+        if not self.path:
+            return
+        line, rate = self.line()
+        with self.lock:
+            data = {
+                "label": self.label,
+                "phase": final or self.phase,
+                "bytes_done": self.done,
+                "bytes_total": self.total,
+                "files_done": self.files_done,
+                "files_total": self.files_total,
+                "active": sorted(self.active),
+                "rate": rate or 0,
+                "eta_s": ((self.total - self.done) / rate) if rate else None,
+                "pid": os.getpid(),
+                "started": self.started,
+                "updated": time.time(),
+                "msg": line,
+            }
+        try:
+            write_json_atomic(self.path, data, self.uid, self.gid, durable=False)
+        except OSError:
+            pass  # progress is a courtesy; never fail the staging for it
+
+    def finish(self, phase, msg):
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        self.note = ""
+        with self.lock:
+            self.phase = phase
+        if self.path:
+            self.write(final=phase)
+            # The final message replaces the line.
+            try:
+                with open(self.path, encoding="utf-8") as handle:
+                    data = json.load(handle)
+                data["msg"] = msg
+                write_json_atomic(self.path, data, self.uid, self.gid, durable=False)
+            except (OSError, ValueError):
+                pass
+
+
+# --- the staging run -------------------------------------------------------------------------
+
+class Stager:
+    def __init__(self, module):
+        self.module = module
+        params = module.params
+        self.check = module.check_mode
+        self.dest = os.path.normpath(params["dest"])
+        self.parent = os.path.dirname(self.dest)
+        self.revision = os.path.basename(self.dest)
+        self.partial = os.path.join(self.parent, PARTIAL_PREFIX + self.revision)
+        self.src = os.path.normpath(params["src"]) if params["src"] else None
+        self.verify = params["verify"]
+        self.workers = max(1, params["workers"])
+        self.label = params["label"] or "%s %s" % (os.path.basename(self.parent), self.revision)
+        self.uid, self.gid = self._ids(params["owner"], params["group"])
+        self.progress = Progress(params["progress_file"], self.label, self.uid, self.gid)
+        self.progress.limit = max(0, params["bwlimit"]) * 2**20
+        self.boot = boot_id()
+        self.changed = False
+        self.counts = dict(bytes_copied=0, bytes_resumed=0, bytes_skipped=0, bytes_hashed=0,
+                           files_copied=0, files_resumed=0, files_skipped=0, files_hashed=0)
+        self.count_lock = threading.Lock()
+        self.journal_lock = threading.Lock()
+        self.waited = 0.0
+        self.in_place = False
+        self.warnings = []
+
+    def _ids(self, owner, group):
+        try:
+            uid = int(owner) if owner.isdigit() else pwd.getpwnam(owner).pw_uid
+            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        except KeyError as exc:
+            raise StageError("unknown owner or group: %s" % exc)
+        return uid, gid
+
+    def count(self, **kwargs):
+        with self.count_lock:
+            for key, value in kwargs.items():
+                self.counts[key] += value
+
+    # -- ownership and modes -----------------------------------------------------------------
+
+    def own(self, path, mode, st=None):
+        """Give ``path`` the owner, group and mode; True when something changed."""
+        st = st or os.lstat(path)
+        changed = False
+        if (st.st_uid, st.st_gid) != (self.uid, self.gid):
+            os.chown(path, self.uid, self.gid)
+            changed = True
+        if stat.S_IMODE(st.st_mode) != mode:
+            os.chmod(path, mode)
+            changed = True
+        return changed
+
+    def makedirs(self, path):
+        missing = []
+        while not os.path.isdir(path):
+            missing.append(path)
+            path = os.path.dirname(path)
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, DIR_MODE)
+            except FileExistsError:
+                pass
+            self.own(directory, DIR_MODE)
+
+    # -- locking -------------------------------------------------------------------------------
+
+    def lock(self):
+        """Hold the model directory's staging lock (waiting for another run to finish)."""
+        path = os.path.join(self.parent, LOCK)
+        if self.check:
+            if not os.path.exists(path):
+                return None
+            handle = open(path, "a", encoding="utf-8")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                self.warnings.append("another staging run holds %s; this check describes the state before it ends" % path)
+            return handle
+        self.makedirs(self.parent)
+        handle = open(path, "a+", encoding="utf-8")
+        self.own(path, FILE_MODE)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            started = time.monotonic()
+            self.progress.note = "waiting for the staging run %s that is still going" % holder
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            self.waited = time.monotonic() - started
+            self.progress.note = ""
+        handle.seek(0)
+        handle.truncate()
+        handle.write("pid %d\n" % os.getpid())
+        handle.flush()
+        return handle
+
+    # -- stamp and listing ---------------------------------------------------------------------
+
+    def load_stamp(self, directory):
+        try:
+            with open(os.path.join(directory, STAMP), encoding="utf-8") as handle:
+                stamp = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(stamp, dict) or stamp.get("format") != STAMP_FORMAT or not isinstance(stamp.get("files"), dict):
+            return None
+        return stamp
+
+    def listing(self):
+        revisions, partials = [], []
+        if not os.path.isdir(self.parent):
+            return revisions, partials
+        for name in sorted(os.listdir(self.parent)):
+            path = os.path.join(self.parent, name)
+            if name.startswith(PARTIAL_PREFIX):
+                partials.append(path)
+                continue
+            if name.startswith(".") or name == CURRENT or os.path.islink(path) or not os.path.isdir(path):
+                continue
+            stamp = self.load_stamp(path)
+            revisions.append({
+                "revision": name,
+                "path": path,
+                "stamped": stamp is not None,
+                "verified_at": (stamp or {}).get("verified_at", 0),
+                "current_since": (stamp or {}).get("current_since") or 0,
+                "bytes": (stamp or {}).get("bytes", 0),
+            })
+        revisions.sort(key=lambda r: (r["current_since"], r["verified_at"], r["revision"]), reverse=True)
+        return revisions, partials
+
+    # -- reading SHA256SUMS --------------------------------------------------------------------
+
+    def read_sums(self, directory, required=True):
+        path = os.path.join(directory, SUMS)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except FileNotFoundError:
+            if required:
+                raise StageError("%s: %s not found (every model revision carries one, in sha256sum format)" % (self.label, path))
+            return None, None
+        return text, parse_sums(text, path)
+
+    # -- state=current -------------------------------------------------------------------------
+
+    def mark_current(self):
+        stamp = self.load_stamp(self.dest)
+        if stamp is None:
+            if self.check and not os.path.exists(self.dest):
+                # Check mode: the revision would have been staged by the task before.
+                self.changed = True
+                return "%s: would record as current once staged" % self.label
+            raise StageError("%s: %s is not a staged revision (no valid %s)" % (self.label, self.dest, STAMP))
+        handle = self.lock()
+        try:
+            if not self.check:
+                stamp["current_since"] = time.time()
+                write_json_atomic(os.path.join(self.dest, STAMP), stamp, self.uid, self.gid)
+        finally:
+            if handle:
+                handle.close()
+        self.changed = True
+        return "%s: recorded as current" % self.label
+
+    # -- state=staged --------------------------------------------------------------------------
+
+    def run(self):
+        handle = self.lock()
+        try:
+            if os.path.isdir(self.dest):
+                return self.check_staged()
+            if os.path.lexists(self.dest):
+                raise StageError("%s: %s exists and is not a directory" % (self.label, self.dest))
+            return self.stage()
+        finally:
+            if handle:
+                handle.close()
+
+    def check_staged(self):
+        stamp = self.load_stamp(self.dest)
+        if stamp is None:
+            raise StageError(
+                "%s: %s exists but carries no valid %s: it was not staged by this role (or staging was "
+                "interrupted by hand); move it away and run again" % (self.label, self.dest, STAMP))
+        dest_text, dest_sums = self.read_sums(self.dest)
+        if sums_digest(dest_text) != stamp.get("sums_sha256"):
+            raise StageError("%s: %s/%s changed since the revision was verified (sha256 %s, stamp says %s)" % (
+                self.label, self.dest, SUMS, sums_digest(dest_text), stamp.get("sums_sha256")))
+        if self.src and os.path.isdir(self.src) and os.path.realpath(self.src) != os.path.realpath(self.partial):
+            src_text, _ = self.read_sums(self.src, required=False)
+            if src_text is not None and sums_digest(src_text) != stamp.get("sums_sha256"):
+                raise StageError(
+                    "%s: the source's %s differs from the one %s was verified against: the revision label %s "
+                    "names two different snapshots. Give the new snapshot a new revision label (bundle profile "
+                    "models: revision), or remove %s to stage it again." % (
+                        self.label, SUMS, self.dest, self.revision, self.dest))
+        entries = stamp["files"]
+        if set(entries) != set(dest_sums):
+            raise StageError("%s: the stamp and %s/%s list different files" % (self.label, self.dest, SUMS))
+        problems, drifted = [], []
+        fixed = 0
+        for path in sorted(entries):
+            full = os.path.join(self.dest, path)
+            try:
+                st = os.lstat(full)
+            except FileNotFoundError:
+                problems.append({"path": path, "problem": "missing", "expected": dest_sums[path], "found": None})
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                problems.append({"path": path, "problem": "not a regular file", "expected": dest_sums[path], "found": None})
+                continue
+            entry = entries[path]
+            if (st.st_size, st.st_mtime_ns, st.st_ino) != (entry.get("size"), entry.get("mtime_ns"), entry.get("ino")):
+                drifted.append(path)
+            if not self.check and self.own(full, FILE_MODE, st):
+                fixed += 1
+            elif self.check and ((st.st_uid, st.st_gid) != (self.uid, self.gid) or stat.S_IMODE(st.st_mode) != FILE_MODE):
+                fixed += 1
+        extra = self.extra_files(self.dest, set(entries) | {SUMS, STAMP})
+        for path in extra:
+            problems.append({"path": path, "problem": "not listed in %s" % SUMS, "expected": None, "found": None})
+        if problems:
+            raise StageError(self.problem_message("staged revision %s" % self.dest, problems, staged=True), problems)
+        to_hash = sorted(entries) if self.verify == "full" else drifted
+        if to_hash:
+            total = sum(entries[p]["size"] for p in to_hash)
+            self.progress.begin("verify", total, len(to_hash))
+            found = self.hash_many([(p, os.path.join(self.dest, p)) for p in to_hash])
+            for path in to_hash:
+                digest, _size = found[path]
+                if digest != dest_sums[path]:
+                    problems.append({"path": path, "problem": "content changed", "expected": dest_sums[path], "found": digest})
+            if problems:
+                raise StageError(self.problem_message("staged revision %s" % self.dest, problems, staged=True), problems)
+        if drifted:
+            # Same content, new metadata (touched, copied back): refresh the stamp.
+            for path in drifted:
+                st = os.stat(os.path.join(self.dest, path))
+                entries[path].update(size=st.st_size, mtime_ns=st.st_mtime_ns, ino=st.st_ino)
+            if not self.check:
+                write_json_atomic(os.path.join(self.dest, STAMP), stamp, self.uid, self.gid)
+            self.changed = True
+            self.warnings.append("%s: %d file(s) changed metadata but not content (%s); the stamp was refreshed" % (
+                self.label, len(drifted), ", ".join(drifted[:5])))
+        if fixed:
+            self.changed = True
+        for directory in self.dirs_of(self.dest, entries):
+            if self.check:
+                st = os.lstat(directory)
+                if (st.st_uid, st.st_gid) != (self.uid, self.gid) or stat.S_IMODE(st.st_mode) != DIR_MODE:
+                    self.changed = True
+            elif self.own(directory, DIR_MODE):
+                self.changed = True
+        self.verification = "full" if self.verify == "full" else "quick"
+        self.bytes_total = sum(e["size"] for e in entries.values())
+        self.files = len(entries)
+        self.staged = False
+        what = "hashed every file again" if self.verify == "full" else (
+            "re-hashed %d file(s) with new metadata" % len(drifted) if drifted else "stamp matches, no file read")
+        return "%s: already staged and verified (%s); %d files, %s" % (self.label, what, self.files, human_bytes(self.bytes_total))
+
+    def dirs_of(self, root, paths):
+        dirs = {root}
+        for path in paths:
+            parts = path.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                dirs.add(os.path.join(root, *parts[:i]))
+        return sorted(dirs)
+
+    def extra_files(self, root, expected):
+        extra = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            rel_dir = os.path.relpath(dirpath, root)
+            for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+                rel = name if rel_dir == "." else "%s/%s" % (rel_dir, name)
+                if rel not in expected and not (rel_dir == "." and name.startswith(".labctl-")):
+                    extra.append(rel)
+        return sorted(extra)
+
+    def problem_message(self, where, problems, staged=False):
+        lines = []
+        for p in problems:
+            if p["problem"] in ("sha256 mismatch", "content changed"):
+                lines.append("%s: %s: expected sha256 %s, found %s" % (p["path"], p["problem"], p["expected"], p["found"]))
+            else:
+                lines.append("%s: %s" % (p["path"], p["problem"]))
+        if staged:
+            tail = ("the revision on disk does not match what was verified; `current` was not changed by this run. "
+                    "Remove %s and stage it again (or roll back to another revision)" % self.dest)
+        else:
+            tail = ("nothing was renamed into place and `current` is unchanged; the good files stay in %s and a "
+                    "re-run copies only the failed ones. Check the source (bundle) with `labctl bundle verify`" % self.partial)
+        return "%s: %d file(s) in %s failed verification against %s: %s. %s." % (
+            self.label, len(problems), where, SUMS, "; ".join(lines), tail)
+
+    # -- journal -------------------------------------------------------------------------------
+
+    def load_journal(self):
+        entries = {}
+        try:
+            with open(os.path.join(self.partial, JOURNAL), encoding="utf-8") as handle:
+                for line in handle:
+                    try:
+                        entry = json.loads(line)
+                    except ValueError:
+                        continue  # a line cut off by the interruption
+                    if not isinstance(entry, dict) or "path" not in entry:
+                        continue
+                    if entry.get("drop"):
+                        entries.pop(entry["path"], None)
+                    else:
+                        entries[entry["path"]] = entry
+        except FileNotFoundError:
+            pass
+        return entries
+
+    def journal(self, entry):
+        with self.journal_lock:
+            with open(os.path.join(self.partial, JOURNAL), "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(entry, sort_keys=True) + "\n")
+
+    # -- staging -------------------------------------------------------------------------------
+
+    def plan(self, sums, in_place):
+        """Per file: (path, action, offset) with action skip, rehash, resume, copy or hash."""
+        journal = self.load_journal() if os.path.isdir(self.partial) else {}
+        plan, problems = [], []
+        for path in sorted(sums):
+            src = os.path.join(self.src, path)
+            dst = os.path.join(self.partial, path)
+            try:
+                src_st = os.stat(src)
+            except FileNotFoundError:
+                problems.append({"path": path, "problem": "missing in the source %s" % self.src, "expected": sums[path], "found": None})
+                continue
+            if not stat.S_ISREG(src_st.st_mode):
+                problems.append({"path": path, "problem": "not a regular file in the source", "expected": sums[path], "found": None})
+                continue
+            try:
+                dst_st = os.lstat(dst)
+            except FileNotFoundError:
+                dst_st = None
+            entry = journal.get(path)
+            if (entry and dst_st is not None and stat.S_ISREG(dst_st.st_mode) and entry.get("sha256") == sums[path]
+                    and (dst_st.st_size, dst_st.st_mtime_ns, dst_st.st_ino) == (entry.get("size"), entry.get("mtime_ns"), entry.get("ino"))
+                    and (in_place or dst_st.st_size == src_st.st_size)):
+                trusted = entry.get("boot_id") == self.boot and self.verify != "full"
+                plan.append((path, "skip" if trusted else "rehash", 0, dst_st.st_size))
+            elif in_place:
+                plan.append((path, "hash", 0, src_st.st_size))
+            elif dst_st is not None and stat.S_ISREG(dst_st.st_mode) and 0 < dst_st.st_size < src_st.st_size:
+                plan.append((path, "resume", dst_st.st_size, src_st.st_size))
+            else:
+                plan.append((path, "copy", 0, src_st.st_size))
+        return plan, problems
+
+    def stage(self):
+        if not self.src:
+            raise StageError("%s: %s is not staged and no source was given" % (self.label, self.dest))
+        if not os.path.isdir(self.src):
+            if self.check:
+                # Nothing was pushed or copied in check mode (bundle, rsync push): say what would happen.
+                self.changed, self.staged, self.verification = True, True, "copy"
+                self.files, self.bytes_total = 0, 0
+                self.warnings.append("%s: the source %s is not there yet; in a real run it must be "
+                                     "(check mode does not copy the bundle or push files)" % (self.label, self.src))
+                return "%s: would stage from %s into %s" % (self.label, self.src, self.dest)
+            raise StageError("%s: the source %s does not exist (is the bundle, mount or push there?)" % (self.label, self.src))
+        in_place = self.in_place = os.path.realpath(self.src) == os.path.realpath(self.partial)
+        sums_text, sums = self.read_sums(self.src)
+        plan, problems = self.plan(sums, in_place)
+        if problems:
+            raise StageError(self.problem_message("the source", problems), problems)
+        self.files = len(plan)
+        self.bytes_total = sum(item[3] for item in plan)
+        self.staged = True
+        self.verification = "copy"
+        if self.check:
+            self.changed = True
+            return self.describe_plan(plan, would=True)
+        self.changed = True
+        self.makedirs(self.partial)
+        self.own(self.partial, DIR_MODE)
+        self.check_space(plan)
+        already = sum(item[3] for item in plan if item[1] == "skip")
+        self.progress.begin("copy" if not in_place else "hash", self.bytes_total, len(plan), already,
+                            sum(1 for item in plan if item[1] == "skip"))
+        for path, action, _offset, size in plan:
+            if action == "skip":
+                self.count(bytes_skipped=size, files_skipped=1)
+        work = [item for item in plan if item[1] != "skip"]
+        # Largest first, so the parallel workers finish together.
+        work.sort(key=lambda item: (-item[3], item[0]))
+        results = {}
+        if work:
+            with ThreadPoolExecutor(max_workers=min(self.workers, len(work))) as pool:
+                for path, outcome in zip([w[0] for w in work], pool.map(lambda item: self.place(item, sums), work)):
+                    results[path] = outcome
+        for path in sorted(results):
+            problem = results[path]
+            if problem is not None:
+                problems.append(problem)
+        if problems:
+            raise StageError(self.problem_message("the copy", problems), problems)
+        self.finish_partial(sums_text, sums, plan)
+        return self.describe_plan(plan, would=False)
+
+    def check_space(self, plan):
+        """Refuse to start a copy that cannot fit (preflight checks the whole plan; this is the last word)."""
+        need = sum(size - offset for _path, action, offset, size in plan if action in ("copy", "resume"))
+        fs = os.statvfs(self.partial)
+        free = fs.f_bavail * fs.f_frsize
+        if need > free:
+            raise StageError("%s: %s more are needed in %s, but only %s are free there; free space (older revisions, "
+                             "stale .partial-* directories) and run again" % (
+                                 self.label, human_bytes(need), self.parent, human_bytes(free)))
+
+    def place(self, item, sums):
+        """Copy, resume or hash one file into the partial directory; a problem dict or None."""
+        path, action, offset, size = item
+        src = os.path.join(self.src, path)
+        dst = os.path.join(self.partial, path)
+        self.progress.file_started(path)
+        try:
+            self.makedirs(os.path.dirname(dst))
+            if action in ("rehash", "hash"):
+                digest, done = hash_file(dst, self.progress)
+                self.count(bytes_hashed=done, files_hashed=1)
+                if action == "rehash" and digest.hexdigest() != sums[path] and not self.in_place:
+                    # Journaled before a reboot, but the data did not survive it: copy it again.
+                    self.progress.add(-done)
+                    digest = self.copy(src, dst, 0)
+                    self.count(files_copied=1)
+                elif action == "rehash":
+                    self.count(bytes_skipped=done, files_skipped=1)
+            else:
+                digest = self.copy(src, dst, offset)
+                if action == "resume":
+                    self.count(files_resumed=1)
+                else:
+                    self.count(files_copied=1)
+            found = digest.hexdigest()
+            st = os.lstat(dst)
+            if found != sums[path]:
+                # Deleted and left out of the journal: a re-run copies (or rsync pushes) it again.
+                os.unlink(dst)
+                self.journal({"path": path, "drop": True})
+                return {"path": path, "problem": "sha256 mismatch", "expected": sums[path], "found": found}
+            self.own(dst, FILE_MODE, st)
+            st = os.lstat(dst)
+            self.journal({"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino,
+                          "sha256": found, "boot_id": self.boot})
+            return None
+        finally:
+            self.progress.file_done(path)
+
+    def copy(self, src, dst, offset):
+        """Copy ``src`` to ``dst`` from ``offset`` (the prefix already there is hashed), hashing every byte."""
+        digest = hashlib.sha256()
+        if offset:
+            digest, done = hash_file(dst, self.progress, limit=offset)
+            if done != offset:
+                raise StageError("%s: %s shrank while it was read" % (self.label, dst))
+            self.count(bytes_resumed=offset, bytes_hashed=offset)
+        chunk = BUFFER
+        if self.progress.limit:
+            chunk = max(64 * 1024, min(BUFFER, self.progress.limit // 8))
+        buffer = bytearray(chunk)
+        view = memoryview(buffer)
+        flags = os.O_WRONLY | os.O_CREAT | (0 if offset else os.O_TRUNC)
+        out = os.open(dst, flags, FILE_MODE)
+        try:
+            if offset:
+                os.ftruncate(out, offset)
+                os.lseek(out, offset, os.SEEK_SET)
+            with open(src, "rb", buffering=0) as reader:
+                _advise_sequential(reader.fileno())
+                reader.seek(offset)
+                while True:
+                    count = reader.readinto(buffer)
+                    if not count:
+                        break
+                    data = view[:count]
+                    digest.update(data)
+                    written = 0
+                    while written < count:
+                        written += os.write(out, data[written:])
+                    self.count(bytes_copied=count)
+                    self.progress.add(count)
+                src_st = os.fstat(reader.fileno())
+        finally:
+            os.close(out)
+        # Keep the source's mtime (like rsync -a); the journal records the result.
+        os.utime(dst, ns=(src_st.st_atime_ns, src_st.st_mtime_ns))
+        return digest
+
+    def finish_partial(self, sums_text, sums, plan):
+        """Remove strays, flush everything to disk, write SHA256SUMS and the stamp, rename into place."""
+        for path in self.extra_files(self.partial, set(sums) | {SUMS}):
+            os.unlink(os.path.join(self.partial, path))
+        for dirpath, dirnames, _files in os.walk(self.partial, topdown=False):
+            for name in dirnames:
+                full = os.path.join(dirpath, name)
+                if not os.listdir(full):
+                    os.rmdir(full)
+        sums_path = os.path.join(self.partial, SUMS)
+        if os.path.realpath(self.src) != os.path.realpath(self.partial):
+            with open(sums_path, "w", encoding="utf-8") as handle:
+                handle.write(sums_text)
+        self.own(sums_path, FILE_MODE)
+        for directory in self.dirs_of(self.partial, sums):
+            self.own(directory, DIR_MODE)
+        # Durable before it is called verified: flush every file (in parallel), then the directories.
+        self.progress.begin("sync", self.bytes_total, len(sums), self.bytes_total, len(sums))
+        paths = [os.path.join(self.partial, p) for p in sorted(sums)] + [sums_path]
+
+        def flush(path):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            list(pool.map(flush, paths))
+        for directory in self.dirs_of(self.partial, sums):
+            fsync_dir(directory)
+        files = {}
+        for path in sorted(sums):
+            st = os.lstat(os.path.join(self.partial, path))
+            files[path] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "sha256": sums[path]}
+        now = time.time()
+        stamp = {
+            "format": STAMP_FORMAT,
+            "label": self.label,
+            "revision": self.revision,
+            "sums_sha256": sums_digest(sums_text),
+            "verified_at": now,
+            "verified_at_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+            "current_since": None,
+            "bytes": sum(f["size"] for f in files.values()),
+            "files": files,
+        }
+        write_json_atomic(os.path.join(self.partial, STAMP), stamp, self.uid, self.gid)
+        try:
+            os.unlink(os.path.join(self.partial, JOURNAL))
+        except FileNotFoundError:
+            pass
+        fsync_dir(self.partial)
+        os.rename(self.partial, self.dest)
+        fsync_dir(self.parent)
+
+    def describe_plan(self, plan, would):
+        groups = {}
+        for _path, action, offset, size in plan:
+            count, nbytes = groups.get(action, (0, 0))
+            groups[action] = (count + 1, nbytes + (size - offset if action == "resume" else size))
+        names = {"copy": "copy", "resume": "resume", "skip": "keep (done earlier)", "rehash": "re-hash (from an earlier boot)",
+                 "hash": "hash in place"}
+        parts = ["%s %d file(s) (%s)" % (names[a], groups[a][0], human_bytes(groups[a][1]))
+                 for a in ("copy", "resume", "skip", "rehash", "hash") if a in groups]
+        if would:
+            return "%s: would stage into %s: %s; then verify against %s, rename to %s" % (
+                self.label, self.partial, ", ".join(parts), SUMS, self.dest)
+        return "%s: staged and verified %d files (%s): %s" % (
+            self.label, self.files, human_bytes(self.bytes_total), ", ".join(parts))
+
+    def hash_many(self, items):
+        """``{path: (sha256 hex, size)}`` for ``[(path, full path)]``, hashed in parallel."""
+        def one(item):
+            path, full = item
+            self.progress.file_started(path)
+            try:
+                digest, size = hash_file(full, self.progress)
+            finally:
+                self.progress.file_done(path)
+            self.count(bytes_hashed=size, files_hashed=1)
+            return path, (digest.hexdigest(), size)
+
+        items = sorted(items, key=lambda item: -os.path.getsize(item[1]))
+        with ThreadPoolExecutor(max_workers=min(self.workers, max(1, len(items)))) as pool:
+            return dict(pool.map(one, items))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "src": {"type": "path"},
+            "dest": {"type": "path", "required": True},
+            "state": {"type": "str", "choices": ["staged", "current"], "default": "staged"},
+            "verify": {"type": "str", "choices": ["quick", "full"], "default": "quick"},
+            "workers": {"type": "int", "default": 4},
+            "owner": {"type": "str", "default": "root"},
+            "group": {"type": "str", "default": "root"},
+            "progress_file": {"type": "path", "default": ""},
+            "label": {"type": "str", "default": ""},
+            "bwlimit": {"type": "int", "default": 0},
+        },
+        supports_check_mode=True,
+    )
+    started = time.monotonic()
+    stager = None
+    try:
+        stager = Stager(module)
+        stager.progress.start()
+        if module.params["state"] == "current":
+            msg = stager.mark_current()
+            revisions, partials = stager.listing()
+            stager.progress.stop.set()
+            module.exit_json(changed=stager.changed, msg=msg, revision_dir=stager.dest, staged=False, problems=[],
+                             revisions=revisions, partials=partials)
+        msg = stager.run()
+    except StageError as exc:
+        if stager is not None:
+            stager.progress.finish("failed", exc.msg)
+        module.fail_json(msg=exc.msg, problems=exc.problems, revision_dir=module.params["dest"], staged=False,
+                         **(stager.counts if stager else {}))
+    except OSError as exc:
+        text = "%s: %s" % (exc.filename, exc.strerror) if exc.filename else str(exc)
+        msg = "%s: staging failed: %s" % (stager.label if stager else module.params["dest"], text)
+        if stager is not None:
+            stager.progress.finish("failed", msg)
+        module.fail_json(msg=msg, problems=[], revision_dir=module.params["dest"], staged=False)
+    took = time.monotonic() - started
+    counts = stager.counts
+    bytes_read = counts["bytes_copied"] + counts["bytes_hashed"]
+    if bytes_read and took > 0:
+        msg += "; %s read in %.1f s (%s)" % (human_bytes(bytes_read), took, human_rate(bytes_read / took))
+    if stager.waited > 1:
+        msg += "; waited %.0f s for another staging run" % stager.waited
+    stager.progress.finish("done", msg)
+    for warning in stager.warnings:
+        module.warn(warning)
+    revisions, partials = stager.listing()
+    module.exit_json(
+        changed=stager.changed,
+        msg=msg,
+        revision_dir=stager.dest,
+        staged=stager.staged and not module.check_mode,
+        verification=stager.verification,
+        files=stager.files,
+        bytes_total=stager.bytes_total,
+        bytes_read=bytes_read,
+        duration_s=round(took, 3),
+        waited_s=round(stager.waited, 3),
+        problems=[],
+        revisions=revisions,
+        partials=[p for p in partials if p != stager.partial or module.check_mode],
+        **counts
+    )
+
+
+if __name__ == "__main__":
+    main()
