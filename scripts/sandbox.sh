@@ -37,6 +37,8 @@ case "${1:-}" in
     x "nvidia-smi --query-gpu=index,name,memory.total,driver_version,persistence_mode --format=csv"
     echo "== driver packages held =="; x "apt-mark showhold | tr '\\n' ' '; echo"
     echo "== CUDA toolkit =="; x "/usr/local/cuda-12.9/bin/nvcc --version | tail -2"
+    echo "== model weights and tokenizer files =="
+    x "ls -l /srv/models/*/current; grep -v '^#' /etc/labctl/tiktoken.env; ls /opt/labctl/tiktoken"
     echo "== masked units =="; x "systemctl list-unit-files --state=masked --no-legend | grep -E 'apt|unattended' || true"
     echo "== limits for services =="; x "systemctl show -p DefaultLimitNOFILE -p DefaultLimitMEMLOCK"
     echo "== /dev/shm =="; x "findmnt -no SIZE,OPTIONS /dev/shm"
