@@ -193,6 +193,72 @@ class Model(_Strict):
         return self
 
 
+# Prisma's Linux binary targets (prisma/prisma 5.17.0 packages/get-platform/src/binaryTargets.ts),
+# the <platform> of binaries.prisma.sh/all_commits/<commit>/<platform>/<file>.gz.
+PRISMA_PLATFORMS = (
+    "debian-openssl-1.0.x", "debian-openssl-1.1.x", "debian-openssl-3.0.x",
+    "rhel-openssl-1.0.x", "rhel-openssl-1.1.x", "rhel-openssl-3.0.x",
+    "linux-arm64-openssl-1.0.x", "linux-arm64-openssl-1.1.x", "linux-arm64-openssl-3.0.x",
+    "linux-arm-openssl-1.0.x", "linux-arm-openssl-1.1.x", "linux-arm-openssl-3.0.x",
+    "linux-musl", "linux-musl-openssl-3.0.x", "linux-musl-arm64-openssl-1.1.x", "linux-musl-arm64-openssl-3.0.x",
+    "linux-static-x64", "linux-static-arm64",
+)
+PRISMA_MIRROR = "https://binaries.prisma.sh"
+
+
+def _default_prisma_platforms() -> list[str]:
+    return ["debian-openssl-3.0.x"]
+
+
+class Prisma(_Strict):
+    """Prisma's CLI (npm) and native engines, for LiteLLM's database mode (prisma-client-py)."""
+
+    cli_version: str = Field(description="the npm `prisma` CLI prisma-client-py pins (0.15.0: 5.17.0)")
+    engine_commit: str = Field(description="the engines commit that CLI expects (40 hex digits)")
+    platforms: list[str] = Field(
+        default_factory=_default_prisma_platforms, min_length=1, description="Prisma binary targets of the targets"
+    )
+    mirror: str = Field(
+        default=PRISMA_MIRROR,
+        description="engines base URL (like PRISMA_ENGINES_MIRROR; http(s):// or file://) or a directory "
+        "(relative to the profile) laid out as all_commits/<commit>/<platform>/<file>.gz",
+    )
+    optional: bool = Field(
+        default=False, description="when the CLI or an engine cannot be fetched: record it as absent and build on"
+    )
+
+    @field_validator("cli_version")
+    @classmethod
+    def _cli_version(cls, value: str) -> str:
+        if not re.fullmatch(r"\d+\.\d+\.\d+", value):
+            raise ValueError("must be an exact npm version like '5.17.0'")
+        return value
+
+    @field_validator("engine_commit")
+    @classmethod
+    def _commit(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{40}", value):
+            raise ValueError("must be the 40-hex-digit engines commit (prisma-client-py's PRISMA_EXPECTED_ENGINE_VERSION)")
+        return value
+
+    @field_validator("platforms")
+    @classmethod
+    def _platforms(cls, value: list[str]) -> list[str]:
+        for platform in value:
+            if platform not in PRISMA_PLATFORMS:
+                raise ValueError(f"{platform!r} is not a Prisma binary target ({', '.join(PRISMA_PLATFORMS)})")
+        if len(set(value)) != len(value):
+            raise ValueError("platforms must be unique")
+        return value
+
+    @field_validator("mirror")
+    @classmethod
+    def _mirror(cls, value: str) -> str:
+        if "://" in value and not re.match(r"^(https?|file)://", value):
+            raise ValueError("a URL must start with https://, http:// or file://")
+        return value.rstrip("/") or value
+
+
 class Profile(_Strict):
     name: str | None = None
     description: str = ""
@@ -201,6 +267,7 @@ class Profile(_Strict):
     wheels: Wheels = Field(default_factory=Wheels)
     tiktoken: Tiktoken | None = Field(default=None, description="tokenizer files for gpt-oss (harmony)")
     models: list[Model] = Field(default_factory=list)
+    prisma: Prisma | None = Field(default=None, description="Prisma CLI and engines (LiteLLM database mode)")
 
     @field_validator("models")
     @classmethod

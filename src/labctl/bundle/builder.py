@@ -17,6 +17,7 @@ from labctl.bundle.aptrepo import write_repo
 from labctl.bundle.errors import BuildError
 from labctl.bundle.gpg import SigningKey
 from labctl.bundle.models_stage import collect_models
+from labctl.bundle.prisma_stage import collect_prisma
 from labctl.bundle.staging import Staging
 from labctl.bundle.tiktoken_stage import collect_tiktoken
 from labctl.bundle.wheel_stage import collect_wheels
@@ -46,6 +47,8 @@ class BuildResult:
         wheels = components["wheels"]["files"]
         tiktoken = components.get("tiktoken", {}).get("files", [])
         models = components.get("models", [])
+        prisma = components.get("prisma") or {}
+        prisma_files = prisma.get("files", [])
         files = self.manifest["files"]
         return {
             "path": str(self.path),
@@ -65,12 +68,19 @@ class BuildResult:
                 "wheels": sum(w["size"] for w in wheels),
                 "tiktoken": sum(t["size"] for t in tiktoken),
                 "models": sum(m["bytes"] for m in models),
+                "prisma": sum(f["size"] for f in prisma_files),
                 "total": sum(f["size"] for f in files),
             },
             "skipped": components["apt"]["skipped"],
             "models": [
                 {"name": m["name"], "revision": m["revision"], "files": m["files"], "bytes": m["bytes"]} for m in models
             ],
+            # absent from bundles built before the prisma component existed
+            "prisma": {
+                "available": bool(prisma.get("available")),
+                "reason": prisma.get("reason", "the bundle has no prisma component"),
+                "files": len(prisma_files),
+            },
             "duration_s": round(self.duration_s, 3),
         }
 
@@ -136,6 +146,7 @@ def _stage(options: BuildOptions, key: SigningKey, cache: Path, staging: Staging
     wheels = collect_wheels(profile, cache, staging)
     tiktoken = collect_tiktoken(profile, cache, staging)
     models = collect_models(profile, cache, staging)
+    prisma = collect_prisma(profile, cache, staging)
     root = staging.root
     write_repo(
         root / "apt",
@@ -154,6 +165,8 @@ def _stage(options: BuildOptions, key: SigningKey, cache: Path, staging: Staging
         "wheels": wheels.component(),
         "tiktoken": tiktoken.component(),
         "models": models.component(),
+        # always present: {"available": false, "reason": "profile has no prisma section"} without one
+        "prisma": prisma.component(),
     }
     manifest = _manifest(options, key, components, files)
     manifest_path = root / verifycore.MANIFEST

@@ -13,6 +13,7 @@ from labctl.bundle import verifycore
 from labctl.bundle.apt_stage import BaseSpec
 from labctl.bundle.builder import BuildOptions, build_bundle
 from labctl.bundle.errors import BuildError
+from labctl.bundle.prisma_stage import NO_SECTION
 from labctl.paths import CACHE_DIR_ENV, KEY_DIR_ENV, default_cache_dir, default_key_dir
 from labctl.profile import ProfileError, load_profile
 from labctl.progress import human_size, make_reporter
@@ -78,6 +79,11 @@ def build(
         typer.echo(f"  tiktoken: {counts['tiktoken']} files ({human_size(sizes['tiktoken'])})")
     for model in summary["models"]:
         typer.echo(f"  model: {model['name']} {model['revision']}: {model['files']} files ({human_size(model['bytes'])})")
+    prisma = summary["prisma"]
+    if prisma["available"]:
+        typer.echo(f"  prisma: CLI and engines, {prisma['files']} files ({human_size(sizes['prisma'])})")
+    elif prisma["reason"] != NO_SECTION:
+        typer.echo(f"  prisma: absent ({prisma['reason']})")
     typer.echo(f"  files: {counts['files']} ({human_size(sizes['total'])})")
     for skipped in summary["skipped"]:
         typer.echo(f"  skipped: apt source {skipped['source']} ({skipped['reason']})")
