@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.bundle.errors import BuildError
+from labctl.profile import normalize_project
 
 DEFAULT_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 
@@ -140,6 +141,6 @@ def pip_resolve(
             raise BuildError(f"{what}: pip could not resolve the set: {errors[0]}")
         data = json.loads(report.read_text(encoding="utf-8"))
     return {
-        re.sub(r"[-_.]+", "-", item["metadata"]["name"]).lower(): str(item["metadata"]["version"])
+        normalize_project(item["metadata"]["name"]): str(item["metadata"]["version"])
         for item in data.get("install", [])
     }
