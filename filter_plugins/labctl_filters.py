@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 from typing import Any
+
+from ansible.errors import AnsibleFilterError
 
 
 def labctl_replica_ports(base: int, count: int, variable: str = "lab_vllm_base_port") -> list[dict[str, Any]]:
@@ -92,6 +95,28 @@ def labctl_spec_optional(options: dict[str, Any]) -> dict[str, Any]:
     return {name: {k: v for k, v in spec.items() if k != "required"} for name, spec in options.items()}
 
 
+def labctl_dashboard_defaults(dashboard: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a Grafana dashboard whose textbox/constant/custom variables named in `values`
+    default to those values (e.g. the gateway dashboard's US$ per million tokens).
+
+    A name the dashboard lacks is an error: a renamed variable must not be ignored silently.
+    """
+    result = copy.deepcopy(dashboard)
+    variables = {v.get("name"): v for v in result.get("templating", {}).get("list", [])}
+    missing = sorted(set(values) - set(variables))
+    if missing:
+        raise AnsibleFilterError(
+            f"dashboard {result.get('uid')!r} has no variable(s) {', '.join(missing)}; it has {', '.join(sorted(map(str, variables)))}")
+    for name, value in values.items():
+        text = str(value)
+        variable = variables[name]
+        variable["query"] = text
+        variable["current"] = {"selected": False, "text": text, "value": text}
+        if variable.get("type") in ("custom", "textbox"):
+            variable["options"] = [{"selected": True, "text": text, "value": text}]
+    return result
+
+
 class FilterModule:
     """Jinja2 filters for labctl."""
 
@@ -103,4 +128,5 @@ class FilterModule:
             "labctl_port_clashes": labctl_port_clashes,
             "labctl_unknown_vars": labctl_unknown_vars,
             "labctl_spec_optional": labctl_spec_optional,
+            "labctl_dashboard_defaults": labctl_dashboard_defaults,
         }

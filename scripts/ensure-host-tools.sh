@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make sure this (Debian/Ubuntu, root) machine can run the test harness: a Docker engine that
-# answers, debootstrap for the base image, gpg/gpgv and dpkg-deb for bundles.
+# answers, debootstrap for the base image, gpg/gpgv and dpkg-deb for bundles, promtool.
 # Installs docker.io and starts dockerd only when no engine answers.
 set -euo pipefail
 
@@ -15,6 +15,9 @@ if ((${#need[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+
+# promtool (rule checks and rule unit tests), unpacked from the distro's .deb: no daemon.
+"$(dirname "$0")/promtool.sh" >/dev/null
 
 if docker info >/dev/null 2>&1; then
   exit 0

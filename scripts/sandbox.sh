@@ -52,6 +52,20 @@ case "${1:-}" in
     cmd='curl -s http://127.0.0.1:4000/v1/chat/completions -H "Authorization: Bearer $LITELLM_MASTER_KEY" -H "Content-Type: application/json" -d '"'"'{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}'"'"
     echo "\$ $cmd"
     x "set -a; . /etc/labctl/litellm/litellm.env; $cmd | jq ."
+    echo
+    echo "== monitoring: Prometheus at http://127.0.0.1:9090 inside the sandbox (docker exec $name curl ...) =="
+    x "systemctl --no-pager --plain list-units prometheus.service prometheus-node-exporter.service labctl-node-metrics.timer --no-legend | cut -c1-100"
+    echo "targets:"
+    x "curl -s 'http://127.0.0.1:9090/api/v1/targets?state=active' | jq -r '.data.activeTargets[] | \"  \\(.labels.job) \\(.scrapeUrl) \\(.health)\"'"
+    echo "tokens generated per replica (the request above included; scraped every 5 s):"
+    sleep 6
+    query='sum by (host, replica) (vllm:generation_tokens_total)'
+    echo "\$ curl -s http://127.0.0.1:9090/api/v1/query --data-urlencode 'query=$query'"
+    x "curl -s http://127.0.0.1:9090/api/v1/query --data-urlencode 'query=$query' | jq -r '.data.result[] | \"  replica \\(.metric.replica) on \\(.metric.host): \\(.value[1]) tokens\"'"
+    rules=$(x "curl -s 'http://127.0.0.1:9090/api/v1/rules?type=alert' | jq '[.data.groups[].rules[]] | length'")
+    firing=$(x "curl -s http://127.0.0.1:9090/api/v1/alerts | jq '[.data.alerts[] | select(.state == \"firing\")] | length'")
+    echo "alert rules loaded: $rules, firing now: $firing (docs/runbooks/monitoring.md)"
+    echo "Grafana: provisioning files in /etc/grafana/provisioning and /var/lib/grafana/dashboards/labctl (the test bundle has no grafana package)"
     ;;
   down)
     docker rm -f "$name" >/dev/null 2>&1 || true

@@ -62,3 +62,22 @@ def test_restart_queue_follows_play_order_and_marks() -> None:
     }
     queue = filters.labctl_restart_queue(["c", "b", "a"], hostvars)
     assert [(q["host"], q["index"]) for q in queue] == [("c", 0), ("a", 1)]
+
+
+def test_dashboard_defaults_set_the_spend_prices_of_the_shipped_dashboard() -> None:
+    import json
+
+    import pytest
+    from ansible.errors import AnsibleFilterError
+
+    path = Path(__file__).resolve().parents[2] / "roles" / "grafana" / "files" / "dashboards" / "labctl-gateway.json"
+    dashboard = json.loads(path.read_text())
+    changed = filters.labctl_dashboard_defaults(dashboard, {"usd_per_mtok_input": 0.2, "usd_per_mtok_output": "0.8"})
+    variables = {v["name"]: v for v in changed["templating"]["list"]}
+    assert variables["usd_per_mtok_input"]["query"] == "0.2"
+    assert variables["usd_per_mtok_input"]["current"]["value"] == "0.2"
+    assert variables["usd_per_mtok_output"]["current"]["text"] == "0.8"
+    assert json.loads(path.read_text()) == dashboard, "the input is not modified"
+    assert filters.labctl_dashboard_defaults(dashboard, {}) == dashboard
+    with pytest.raises(AnsibleFilterError, match="no variable.*usd_per_mtok_inptu"):
+        filters.labctl_dashboard_defaults(dashboard, {"usd_per_mtok_inptu": 1})

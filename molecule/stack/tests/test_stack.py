@@ -67,7 +67,7 @@ def _successes(host, index: int) -> float:
 
 
 def _main_pids(host) -> dict[str, str]:
-    units = ["vllm@0", "vllm@1", "litellm", "redis-server", "postgresql@15-main"]
+    units = ["vllm@0", "vllm@1", "litellm", "redis-server", "postgresql@15-main", "prometheus", "prometheus-node-exporter"]
     return {unit: host.check_output(f"systemctl show -p MainPID --value {unit}") for unit in units}
 
 
