@@ -55,6 +55,11 @@ case "${1:-}" in
     echo
     echo "== monitoring: Prometheus at http://127.0.0.1:9090 inside the sandbox (docker exec $name curl ...) =="
     x "systemctl --no-pager --plain list-units prometheus.service prometheus-node-exporter.service labctl-node-metrics.timer --no-legend | cut -c1-100"
+    # Right after a run the first scrapes may still be due: wait for them (at most 30 s).
+    for _ in $(seq 30); do
+      [[ $(x "curl -s 'http://127.0.0.1:9090/api/v1/targets?state=active' | jq '[.data.activeTargets[] | select(.health == \"unknown\")] | length'") == 0 ]] && break
+      sleep 1
+    done
     echo "targets:"
     x "curl -s 'http://127.0.0.1:9090/api/v1/targets?state=active' | jq -r '.data.activeTargets[] | \"  \\(.labels.job) \\(.scrapeUrl) \\(.health)\"'"
     echo "tokens generated per replica (the request above included; scraped every 5 s):"
