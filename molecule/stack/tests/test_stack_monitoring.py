@@ -30,7 +30,7 @@ RULES_DIR = "/etc/prometheus/rules.d"
 PUBLIC = "tiny-llama"
 # Written by `labctl provision` into the textfile directory (the runbook's "Provisioning
 # metrics" contract); the provisioning runs that write them are not part of this scenario.
-NOT_YET_PRODUCED = ("labctl_provision_",)
+NOT_YET_PRODUCED = ("labctl_last_run_",)
 # LiteLLM creates these series at their first event only: a cooldown, a request refused by the
 # admission queue. The fault tests produce them; here their queries must parse, and the names
 # are checked against the pinned LiteLLM's source (tests/unit/test_dashboards.py).
