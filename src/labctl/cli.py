@@ -6,6 +6,8 @@ import typer
 
 from labctl import __version__
 from labctl.bundle.cli import app as bundle_app
+from labctl.plan_cli import plan_command
+from labctl.runs import cli as runs_cli
 
 app = typer.Typer(
     name="labctl",
@@ -14,6 +16,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(bundle_app, name="bundle")
+app.command("plan")(plan_command)
+app.command("provision")(runs_cli.provision)
+app.command("drift")(runs_cli.drift)
+app.command("status")(runs_cli.status)
+app.command("smoke")(runs_cli.smoke)
+app.command("rolling-restart")(runs_cli.rolling_restart)
+app.add_typer(runs_cli.runs_app, name="runs")
 
 
 def _version(value: bool) -> None:

@@ -150,12 +150,21 @@ def test_secrets_stay_out_of_world_readable_files(host):
 
 
 def test_second_run_changes_nothing_and_restarts_nothing(host):
+    """Through `labctl provision` (ansible-runner): exit 0, the record counts no change, the
+    host's textfile says so, and no service restarted."""
     pids = _main_pids(host)
-    result = _site()
+    state = REPO / "build" / "reports" / "labctl-state"
+    env = dict(os.environ, LABCTL_STATE_DIR=str(state))
+    result = subprocess.run(["labctl", "provision", "-i", os.environ["MOLECULE_INVENTORY_FILE"], "--json"],
+                            capture_output=True, text=True, timeout=1500, check=False, cwd=REPO, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    recap = [line for line in result.stdout.splitlines() if "changed=" in line]
-    assert recap and all("changed=0" in line for line in recap), recap
+    summary = json.loads(result.stdout.splitlines()[-1])
+    assert summary["event"] == "summary" and summary["outcome"] == "ok", summary
+    assert summary["hosts"] and all(s["changed"] == 0 and s["failed"] == 0 for s in summary["hosts"].values()), summary
     assert _main_pids(host) == pids
+    prom = host.file("/var/lib/prometheus/node-exporter/labctl_provision.prom").content_string
+    assert 'labctl_last_run_success{command="provision",inventory="inventory"} 1' in prom
+    assert 'labctl_last_run_changed_tasks{command="provision",inventory="inventory"} 0' in prom
 
 
 def _time_to_serve(host, index: int) -> float:

@@ -1,0 +1,534 @@
+"""``labctl plan -i INVENTORY``: the memory plan of every gpu_hosts host (see ``labctl.plan``).
+
+Settings come from the inventory (``ansible-inventory --list``, with the plays' variable
+precedence) over the vLLM role's defaults (roles/vllm/defaults/main.yml); options override both.
+GPU sizes come from ``--gpu NAME:MiB``, from ``--facts FILE`` (gpu_facts output saved with
+``ansible -i INV gpu_hosts -m gpu_facts > FILE``, an ``ansible_facts``/``gpus`` JSON, or a
+tests/fixtures/nvidia-smi data table), or else from a live ``ansible ... -m gpu_facts`` run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+import yaml
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from labctl.paths import repo_root
+from labctl.plan import (
+    DEFAULT_REQUEST_TOKENS,
+    Gpu,
+    HostPlan,
+    PlanError,
+    VllmSettings,
+    model_profile,
+    plan_host,
+)
+
+GPU_GROUP = "gpu_hosts"
+DEFAULT_MODEL = "gpt-oss-120b"  # group_vars/all/project.yml lab_model_name
+# Inventory variable of each setting, as the vllm role reads it.
+SETTING_VARS = {
+    "gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "max_model_len": "vllm_max_model_len",
+    "max_num_seqs": "vllm_max_num_seqs",
+    "tensor_parallel_size": "vllm_tensor_parallel_size",
+    "replicas": "vllm_replicas",
+}
+# A role default that only forwards a project variable: "{{ lab_vllm_replicas | default(0) }}".
+_FORWARD = re.compile(r"^\{\{\s*(\w+)\s*\|\s*default\(\s*([^)]*?)\s*\)\s*\}\}$")
+# One host's result in `ansible -m MODULE` output: "gpu01 | SUCCESS => {...}".
+_ADHOC = re.compile(r"^(\S+) \| ([A-Z]+!?)(?: \| rc=\d+)? => ", re.MULTILINE)
+
+
+class InputError(Exception):
+    """Bad input (inventory, facts, variable, option); the message names it. Exit status 2."""
+
+
+# --- inventory ----------------------------------------------------------------------------------
+
+
+def _ansible_tool(name: str) -> str:
+    """The Ansible command next to this Python (the venv), else the one on PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        raise InputError(f"{name} not found (install the dev extra: pip install -e '.[dev]')")
+    return found
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    # From the repository, so its ansible.cfg (library = library) applies.
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LIBRARY=str(repo_root() / "library"))
+    return subprocess.run(args, cwd=repo_root(), env=env, capture_output=True, text=True, check=False)
+
+
+def _group_hosts(data: dict[str, Any], group: str, seen: set[str] | None = None) -> list[str]:
+    seen = set() if seen is None else seen
+    if group in seen:
+        return []
+    seen.add(group)
+    entry = data.get(group) or {}
+    hosts = list(entry.get("hosts") or [])
+    for child in entry.get("children") or []:
+        hosts += [h for h in _group_hosts(data, child, seen) if h not in hosts]
+    return hosts
+
+
+def read_inventory(inventory: Path) -> dict[str, dict[str, Any]]:
+    """Hostvars of every gpu_hosts host, group_vars merged, as the plays in playbooks/ see them
+    (``--playbook-dir playbooks``: run from the repository root, ansible-inventory would also
+    read the root's group_vars/ as playbook vars, above the inventory's own group_vars)."""
+    if not inventory.exists():
+        raise InputError(f"inventory {inventory}: no such file or directory")
+    result = _run(
+        [_ansible_tool("ansible-inventory"), "-i", str(inventory.absolute()), "--list",
+         "--playbook-dir", str(repo_root() / "playbooks")]
+    )
+    if result.returncode != 0:
+        raise InputError(f"ansible-inventory -i {inventory} failed: {result.stderr.strip()[-800:]}")
+    try:
+        data = json.loads(result.stdout)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"ansible-inventory -i {inventory} printed no JSON: {exc}") from exc
+    hosts = _group_hosts(data, GPU_GROUP)
+    if not hosts:
+        raise InputError(f"inventory {inventory} has no hosts in group {GPU_GROUP}")
+    hostvars = data.get("_meta", {}).get("hostvars", {})
+    return {host: dict(hostvars.get(host) or {}) for host in hosts}
+
+
+def role_defaults() -> dict[str, Any]:
+    path = repo_root() / "roles" / "vllm" / "defaults" / "main.yml"
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"{path}: {exc}") from exc
+    return dict(data or {})
+
+
+def _literal(host: str, name: str, value: Any, kind: type[int] | type[float], option: str) -> int | float:
+    if isinstance(value, str) and "{{" in value:
+        raise InputError(
+            f"{host}: {name} is a template ({value!r}) that labctl plan does not evaluate; give {option}"
+        )
+    if isinstance(value, bool):
+        raise InputError(f"{host}: {name} must be a number, not {value!r}")
+    try:
+        number = kind(value)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{host}: {name} must be a number, got {value!r}") from exc
+    if kind is int and number != float(value):
+        raise InputError(f"{host}: {name} must be a whole number, got {value!r}")
+    return number
+
+
+def host_setting(
+    host: str, hostvars: dict[str, Any], defaults: dict[str, Any], name: str, kind: type[int] | type[float]
+) -> tuple[int | float, str]:
+    """A role variable's value for ``host`` and where it came from: the inventory, the project
+    variable a role default forwards (lab_vllm_*), or the role default itself."""
+    option = "--" + name.removeprefix("vllm_").replace("_", "-")
+    if name in hostvars:
+        return _literal(host, name, hostvars[name], kind, option), "inventory"
+    if name not in defaults:
+        raise InputError(f"roles/vllm/defaults/main.yml has no {name}; give {option}")
+    default = defaults[name]
+    forward = _FORWARD.match(default.strip()) if isinstance(default, str) else None
+    if forward:
+        project, fallback = forward.groups()
+        if project in hostvars:
+            return _literal(host, project, hostvars[project], kind, option), "inventory"
+        return _literal(host, name, yaml.safe_load(fallback), kind, option), "role default"
+    return _literal(host, name, default, kind, option), "role default"
+
+
+# --- GPU facts ----------------------------------------------------------------------------------
+
+
+def _gpu(entry: Any, position: int, where: str) -> Gpu:
+    if not isinstance(entry, dict):
+        raise InputError(f"{where}: GPU {position} is not a mapping: {entry!r}")
+    name = str(entry.get("name") or f"GPU {entry.get('index', position)}")
+    raw = entry.get("memory_total_mib", entry.get("memory.total"))
+    try:
+        memory = int(str(raw).strip())
+    except ValueError:
+        raise InputError(
+            f"{where}: GPU {entry.get('index', position)} ({name}) reports no memory size ({raw!r}); "
+            f'give it with --gpu "{name}:MiB"'
+        ) from None
+    if memory <= 0:
+        raise InputError(f"{where}: GPU {entry.get('index', position)} ({name}) has {memory} MiB")
+    return Gpu(name, memory)
+
+
+def _gpus_of(data: Any, where: str) -> list[Gpu]:
+    """GPUs from a list of GPU entries, {"gpus": [...]}, or {"ansible_facts": {"gpus": [...]}}."""
+    if isinstance(data, dict) and isinstance(data.get("ansible_facts"), dict):
+        data = data["ansible_facts"]
+    if isinstance(data, dict):
+        if "gpus" not in data:
+            raise InputError(f"{where}: no 'gpus' list (expected gpu_facts output or an nvidia-smi table)")
+        reason = data.get("gpu_facts_reason")
+        data = data["gpus"]
+        if not data:
+            raise InputError(f"{where}: no GPUs" + (f" ({reason})" if reason else ""))
+    if not isinstance(data, list) or not data:
+        raise InputError(f"{where}: expected a non-empty list of GPUs")
+    return [_gpu(entry, i, where) for i, entry in enumerate(data)]
+
+
+def parse_adhoc(text: str, where: str) -> dict[str | None, list[Gpu]]:
+    """GPUs per host from ``ansible HOSTS -m gpu_facts`` output ("host | SUCCESS => {...}")."""
+    decoder = json.JSONDecoder()
+    found: dict[str | None, list[Gpu]] = {}
+    for match in _ADHOC.finditer(text):
+        host, status = match.groups()
+        try:
+            result, _end = decoder.raw_decode(text, match.end())
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{where}: cannot read {host}'s result: {exc}") from exc
+        if status not in ("SUCCESS", "CHANGED"):
+            raise InputError(f"{where}: {host}: {status} {result.get('msg', '')}".rstrip())
+        found[host] = _gpus_of(result, f"{where} ({host})")
+    if not found:
+        raise InputError(f"{where}: neither JSON nor `ansible -m gpu_facts` output")
+    return found
+
+
+def load_facts(path: Path) -> dict[str | None, list[Gpu]]:
+    """GPUs from a saved facts file: per host for ad-hoc output, else one machine (key None)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(f"--facts {path}: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return parse_adhoc(text, str(path))
+    return {None: _gpus_of(data, str(path))}
+
+
+def gather_facts(inventory: Path) -> dict[str | None, list[Gpu]]:
+    """Run gpu_facts (library/gpu_facts.py) on every gpu_hosts host over the inventory's own
+    connection settings; become is switched off (nvidia-smi needs no root)."""
+    result = _run(
+        [_ansible_tool("ansible"), "-i", str(inventory.absolute()), GPU_GROUP, "-m", "gpu_facts",
+         "-e", "ansible_become=false"]
+    )
+    if not _ADHOC.search(result.stdout):
+        raise InputError(
+            f"ansible -i {inventory} {GPU_GROUP} -m gpu_facts failed (rc {result.returncode}): "
+            f"{(result.stderr or result.stdout).strip()[-800:]}; give --facts FILE or --gpu NAME:MiB"
+        )
+    try:
+        return parse_adhoc(result.stdout, f"ansible -i {inventory} {GPU_GROUP} -m gpu_facts")
+    except InputError as exc:
+        raise InputError(f"{exc}; give --facts FILE or --gpu NAME:MiB") from exc
+
+
+def parse_gpu_option(text: str) -> Gpu:
+    name, sep, size = text.rpartition(":")
+    try:
+        memory = int(size.strip())
+    except ValueError:
+        memory = 0
+    if not sep or not name.strip() or memory <= 0:
+        raise InputError(f'--gpu {text!r}: expected "NAME:MiB", e.g. "NVIDIA H200:143771"')
+    return Gpu(name.strip(), memory)
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+@dataclass
+class HostReport:
+    host: str
+    plan: HostPlan
+    origins: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+
+    def warnings(self) -> list[str]:
+        """Host warnings, then each replica warning once with the replicas it concerns."""
+        by_text: dict[str, list[str]] = {}
+        for replica in self.plan.replicas:
+            for warning in replica.warnings:
+                by_text.setdefault(warning, []).append(str(replica.index))
+        return self.notes + list(self.plan.warnings) + [
+            f"{'replica' if len(ids) == 1 else 'replicas'} {', '.join(ids)}: {text}"
+            for text, ids in by_text.items()
+        ]
+
+
+@dataclass(frozen=True)
+class Overrides:
+    model: str | None
+    weights_gib: float | None
+    kv_bytes_per_token: int | None
+    overhead_gib: float | None
+    settings: dict[str, int | float | None]
+    request_tokens: int
+
+
+def plan_for_host(
+    host: str, hostvars: dict[str, Any], defaults: dict[str, Any], gpus: list[Gpu], given: Overrides
+) -> HostReport:
+    values: dict[str, int | float] = {}
+    origins: dict[str, str] = {}
+    for key, var in SETTING_VARS.items():
+        kind: type[int] | type[float] = float if key == "gpu_memory_utilization" else int
+        option = given.settings.get(key)
+        if option is not None:
+            values[key], origins[key] = option, "option"
+        else:
+            values[key], origins[key] = host_setting(host, hostvars, defaults, var, kind)
+    name = given.model or hostvars.get("lab_model_name") or DEFAULT_MODEL
+    if not isinstance(name, str) or "{{" in name:
+        raise InputError(f"{host}: lab_model_name is {name!r}; give --model")
+    try:
+        model = model_profile(
+            name,
+            weights_gib=given.weights_gib,
+            kv_bytes_per_token=given.kv_bytes_per_token,
+            overhead_gib=given.overhead_gib,
+        )
+    except PlanError as exc:
+        origin = "--model" if given.model else "lab_model_name"
+        raise InputError(f"{host}: {origin}: {exc}") from exc
+    settings = VllmSettings(
+        gpu_memory_utilization=float(values["gpu_memory_utilization"]),
+        max_model_len=int(values["max_model_len"]),
+        max_num_seqs=int(values["max_num_seqs"]),
+        tensor_parallel_size=int(values["tensor_parallel_size"]),
+        replicas=int(values["replicas"]),
+    )
+    try:
+        plan = plan_host(gpus, model, settings, given.request_tokens)
+    except PlanError as exc:
+        raise InputError(f"{host}: {exc}") from exc
+    report = HostReport(host, plan, origins)
+    expected = hostvars.get("lab_expected_gpu_count")
+    if isinstance(expected, int) and expected > 0 and expected != len(gpus):
+        report.notes.append(f"lab_expected_gpu_count is {expected}, the GPU facts show {len(gpus)} GPUs")
+    return report
+
+
+def to_json(inventory: Path, source: str, reports: list[HostReport]) -> dict[str, Any]:
+    hosts = []
+    for report in reports:
+        plan = report.plan
+        hosts.append(
+            {
+                "host": report.host,
+                "model": asdict(plan.model),
+                "settings": asdict(plan.settings),
+                "settings_origin": report.origins,
+                "request_tokens": plan.request_tokens,
+                "gpus": [{"index": i, "name": g.name, "memory_mib": g.memory_mib} for i, g in enumerate(plan.gpus)],
+                "replicas": [
+                    {
+                        "index": r.index,
+                        "gpus": list(r.gpus),
+                        "gpu_name": r.gpu_name,
+                        "memory_gib": round(r.memory.memory_gib, 2),
+                        "budget_gib": round(r.memory.budget_gib, 2),
+                        "weights_gib": round(r.memory.weights_gib, 2),
+                        "overhead_gib": round(r.memory.overhead_gib, 2),
+                        "kv_cache_gib": round(r.memory.kv_cache_gib, 2),
+                        "kv_share": round(r.memory.kv_share, 4),
+                        "kv_tokens": r.memory.kv_tokens,
+                        "full_context_sequences": round(r.full_context_sequences, 2),
+                        "concurrency": r.concurrency,
+                        "warnings": list(r.warnings),
+                    }
+                    for r in plan.replicas
+                ],
+                "warnings": report.warnings(),
+                "recommendation": asdict(plan.recommendation),
+            }
+        )
+    return {"inventory": str(inventory), "gpu_source": source, "hosts": hosts}
+
+
+_COLUMNS = ("replica", "GPUs", "budget", "weights", "overhead", "KV cache", "KV share", "KV tokens",
+            "max-len seqs", "requests")
+
+
+# The same columns, narrow enough for an 80-column terminal.
+_RICH_COLUMNS = ("#", "GPUs", "budget", "weights", "over-\nhead", "KV\ncache", "KV\nshare", "KV\ntokens",
+                 "max-len\nseqs", "requests")
+
+
+def _rows(plan: HostPlan) -> list[tuple[str, ...]]:
+    return [
+        (
+            str(r.index),
+            ",".join(str(g) for g in r.gpus),
+            f"{r.memory.budget_gib:.1f}",
+            f"{r.memory.weights_gib:.1f}",
+            f"{r.memory.overhead_gib:.1f}",
+            f"{r.memory.kv_cache_gib:.1f}",
+            f"{r.memory.kv_share:.1%}",
+            f"{r.memory.kv_tokens:,}",
+            f"{r.full_context_sequences:.1f}",
+            f"{r.concurrency:,}",
+        )
+        for r in plan.replicas
+    ]
+
+
+def _header(report: HostReport) -> list[str]:
+    plan, s = report.plan, report.plan.settings
+    model = plan.model
+    kinds = Counter((g.name, g.memory_mib) for g in plan.gpus)
+    sizes = [f"{n} x {name} ({mib / 1024:.1f} GiB)" for (name, mib), n in sorted(kinds.items())]
+    context = f", context {model.max_context:,}" if model.max_context else ""
+    return [
+        f"{report.host}: {', '.join(sizes)}",
+        f"model {model.name}: weights {model.weights_gib:.1f} GiB, overhead {model.overhead_gib:.1f} GiB "
+        f"per GPU, KV {model.kv_bytes_per_token:,} bytes per token{context} ({model.source})",
+        f"settings: gpu_memory_utilization {s.gpu_memory_utilization:.2f}, max_model_len "
+        f"{s.max_model_len:,}, max_num_seqs {s.max_num_seqs}, tensor_parallel_size "
+        f"{s.tensor_parallel_size}, replicas {s.replicas or 'auto'} -> {len(plan.replicas)}",
+        f"(budget to KV cache: GiB per GPU; KV tokens: per replica; max-len seqs: KV tokens / "
+        f"max_model_len; requests: KV tokens / {plan.request_tokens:,} tokens per request)",
+    ]
+
+
+def _recommendation(report: HostReport) -> str:
+    rec = report.plan.recommendation
+    return ("recommendation: " if rec.fits else "recommendation (does not fit): ") + rec.reason
+
+
+def render_plain(reports: list[HostReport], width: int = 100) -> str:
+    lines: list[str] = []
+    for report in reports:
+        head = _header(report)
+        for line in head[:3]:
+            lines += textwrap.wrap(line, width, subsequent_indent="  ")
+        rows = [_COLUMNS, *_rows(report.plan)]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+        for row in rows:
+            lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(row, widths)).rstrip())
+        lines += textwrap.wrap(head[3], width, initial_indent="  ", subsequent_indent="  ")
+        warnings = report.warnings()
+        lines.append("warnings: none" if not warnings else "warnings:")
+        for warning in warnings:
+            lines += textwrap.wrap(warning, width, initial_indent="  - ", subsequent_indent="    ")
+        lines += textwrap.wrap(_recommendation(report), width, subsequent_indent="  ")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def render_rich(reports: list[HostReport], console: Console) -> None:
+    for report in reports:
+        head = _header(report)
+        table = Table(
+            box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, caption=head[3], caption_justify="left"
+        )
+        for title in _RICH_COLUMNS:
+            table.add_column(title, justify="right", no_wrap=True)
+        for row in _rows(report.plan):
+            table.add_row(*row)
+        console.print(head[0], style="bold", markup=False, highlight=False)
+        console.print(head[1], markup=False, highlight=False)
+        console.print(head[2], markup=False, highlight=False)
+        console.print(table)
+        for warning in report.warnings():
+            console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
+        style = "green" if report.plan.recommendation.fits else "red"
+        console.print(_recommendation(report), style=style, markup=False, highlight=False)
+        console.print()
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def plan_command(
+    inventory: Annotated[Path, typer.Option("-i", "--inventory", help="Ansible inventory (file or directory).")],
+    facts: Annotated[
+        Path | None,
+        typer.Option(help="Saved GPU facts: `ansible -m gpu_facts` output, gpu_facts JSON or an nvidia-smi table."),
+    ] = None,
+    gpu: Annotated[
+        list[str] | None, typer.Option(help='A GPU as "NAME:MiB" (e.g. "NVIDIA H200:143771"); repeat per GPU.')
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Model profile (default: lab_model_name).")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(help="Override vllm_gpu_memory_utilization.")] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Override vllm_max_model_len.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Override vllm_max_num_seqs.")] = None,
+    tensor_parallel_size: Annotated[int | None, typer.Option(help="Override vllm_tensor_parallel_size.")] = None,
+    replicas: Annotated[int | None, typer.Option(help="Override vllm_replicas (0: one per GPU group).")] = None,
+    request_tokens: Annotated[
+        int, typer.Option(help="Tokens of a typical request (the lab's average: 2,380).")
+    ] = DEFAULT_REQUEST_TOKENS,
+    weights_gib: Annotated[float | None, typer.Option(help="Override the model's weights (GiB).")] = None,
+    kv_bytes_per_token: Annotated[int | None, typer.Option(help="Override the model's KV bytes per token.")] = None,
+    overhead_gib: Annotated[float | None, typer.Option(help="Override the per-GPU runtime overhead (GiB).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Memory budget per GPU, KV-cache tokens, concurrency and a layout recommendation.
+
+    Without --facts or --gpu: `ansible -i INVENTORY gpu_hosts -m gpu_facts` reads the GPUs live.
+    """
+    given = Overrides(
+        model=model,
+        weights_gib=weights_gib,
+        kv_bytes_per_token=kv_bytes_per_token,
+        overhead_gib=overhead_gib,
+        settings={
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "max_model_len": max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "tensor_parallel_size": tensor_parallel_size,
+            "replicas": replicas,
+        },
+        request_tokens=request_tokens,
+    )
+    try:
+        if facts is not None and gpu:
+            raise InputError("give --facts or --gpu, not both")
+        hosts = read_inventory(inventory)
+        if gpu:
+            gpus_by_host: dict[str | None, list[Gpu]] = {None: [parse_gpu_option(g) for g in gpu]}
+            source = "--gpu"
+        elif facts is not None:
+            gpus_by_host, source = load_facts(facts), str(facts)
+        else:
+            gpus_by_host, source = gather_facts(inventory), "gpu_facts (live)"
+        defaults = role_defaults()
+        reports = []
+        for host, hostvars in hosts.items():
+            gpus = gpus_by_host.get(host, gpus_by_host.get(None))
+            if gpus is None:
+                known = ", ".join(sorted(h for h in gpus_by_host if h)) or "none"
+                raise InputError(f"{source}: no GPU facts for {host} (hosts there: {known})")
+            reports.append(plan_for_host(host, hostvars, defaults, gpus, given))
+    except InputError as exc:
+        _fail(str(exc))
+    if as_json:
+        sys.stdout.write(json.dumps(to_json(inventory, source, reports), indent=2) + "\n")
+    elif sys.stdout.isatty():
+        render_rich(reports, Console())
+    else:
+        sys.stdout.write(f"GPUs from {source}\n\n" + render_plain(reports))

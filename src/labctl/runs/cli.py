@@ -1,0 +1,226 @@
+"""``labctl provision``, ``labctl drift``, ``labctl status`` and ``labctl runs show``."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from labctl.paths import repo_root
+from labctl.runs.exitcodes import Exit
+from labctl.runs.playbook import RunRequest, execute, print_summary
+from labctl.runs.records import RecordStore
+
+STATE_DIR_ENV = "LABCTL_STATE_DIR"
+
+runs_app = typer.Typer(help="Run records.", no_args_is_help=True)
+
+Inventory = Annotated[Path, typer.Option("--inventory", "-i", help="Inventory directory or file.")]
+Limit = Annotated[str | None, typer.Option("--limit", "-l", help="ansible-playbook --limit.")]
+Tags = Annotated[str | None, typer.Option("--tags", "-t", help="ansible-playbook --tags.")]
+ExtraVars = Annotated[list[str] | None, typer.Option("--extra-vars", "-e",
+                                                     help="key=value, JSON or @file, like ansible-playbook -e (repeatable).")]
+JsonOut = Annotated[bool, typer.Option("--json", help="JSON lines on stdout instead of a display.")]
+Playbook = Annotated[Path, typer.Option("--playbook", help="Playbook to run, relative to the repository (default site.yml).")]
+KeepDays = Annotated[float, typer.Option("--keep-days", help="Delete run records older than this.")]
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get(STATE_DIR_ENV) or "~/.local/state/labctl").expanduser()
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(int(Exit.USAGE))
+
+
+def parse_extra_vars(items: list[str]) -> dict[str, Any]:
+    """ansible-playbook -e forms: key=value (several per item), a JSON/YAML mapping, @file."""
+    merged: dict[str, Any] = {}
+    for item in items:
+        text = item.strip()
+        if text.startswith("@"):
+            path = Path(text[1:]).expanduser()
+            if not path.is_file():
+                raise _fail(f"--extra-vars {item}: no such file")
+            value = yaml.safe_load(path.read_text(encoding="utf-8"))
+            if not isinstance(value, dict):
+                raise _fail(f"--extra-vars {item}: the file must hold a mapping")
+            merged.update(value)
+        elif text.startswith("{"):
+            try:
+                value = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise _fail(f"--extra-vars {item}: {exc}") from exc
+            merged.update(value)
+        else:
+            for pair in text.split():
+                key, sep, value = pair.partition("=")
+                if not sep or not key:
+                    raise _fail(f"--extra-vars {pair!r}: expected key=value, a JSON mapping or @file")
+                merged[key] = value
+    return merged
+
+
+def _request(command: str, inventory: Path, playbook: Path, limit: str | None, tags: str | None, check: bool,
+             diff: bool, extra_vars: list[str] | None, json_output: bool, keep_days: float) -> RunRequest:
+    if not inventory.exists():
+        raise _fail(f"--inventory {inventory}: no such file or directory")
+    path = playbook if playbook.is_absolute() else repo_root() / playbook
+    if not path.is_file():
+        raise _fail(f"--playbook {playbook}: no such playbook in {repo_root()}")
+    return RunRequest(command=command, playbook=path, inventory=inventory, state_dir=state_dir(),
+                      argv=["labctl", *sys.argv[1:]], limit=limit, tags=tags, check=check, diff=diff,
+                      extra_vars=parse_extra_vars(extra_vars or []), json_output=json_output, keep_days=keep_days)
+
+
+def provision(
+    inventory: Inventory,
+    limit: Limit = None,
+    tags: Tags = None,
+    check: Annotated[bool, typer.Option("--check", help="ansible-playbook --check.")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="ansible-playbook --diff.")] = False,
+    extra_vars: ExtraVars = None,
+    json_output: JsonOut = False,
+    playbook: Playbook = Path("site.yml"),
+    keep_days: KeepDays = 30,
+) -> None:
+    """Run site.yml against an inventory: locked, recorded, exit code per outcome."""
+    request = _request("provision", inventory, playbook, limit, tags, check, diff, extra_vars, json_output, keep_days)
+    code, record = execute(request)
+    if record is not None:
+        print_summary(record, json_output)
+    raise typer.Exit(code)
+
+
+def drift(
+    inventory: Inventory,
+    limit: Limit = None,
+    tags: Tags = None,
+    extra_vars: ExtraVars = None,
+    json_output: JsonOut = False,
+    playbook: Playbook = Path("site.yml"),
+    keep_days: KeepDays = 30,
+) -> None:
+    """Check mode with diff over the site: list each task that would change, per host. Changes
+    nothing on the hosts but its own record (labctl_drift.prom). Exit 0: no drift; 5: drift."""
+    request = _request("drift", inventory, playbook, limit, tags, True, True, extra_vars, json_output, keep_days)
+    code, record = execute(request)
+    if record is not None:
+        print_summary(record, json_output)
+    raise typer.Exit(code)
+
+
+def status(
+    count: Annotated[int, typer.Option("--last", "-n", help="How many runs.")] = 10,
+    json_output: JsonOut = False,
+) -> None:
+    """The last runs: when, what, outcome, changed counts, duration."""
+    records = RecordStore(state_dir()).latest(count)
+    if json_output:
+        print(json.dumps([r.to_json() for r in records], indent=2))
+        return
+    if not records:
+        typer.echo(f"no runs recorded in {state_dir() / 'runs'}")
+        return
+    table = Table(title=f"labctl runs ({state_dir() / 'runs'})")
+    for column in ("run", "started", "command", "outcome", "hosts", "changed", "failed", "duration"):
+        table.add_column(column)
+    for record in records:
+        table.add_row(record.id, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.started)), record.command,
+                      record.outcome, str(len(record.hosts)), str(sum(s.changed for s in record.hosts.values())),
+                      str(sum(s.failed + s.unreachable for s in record.hosts.values())), f"{record.duration:.0f} s")
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+@runs_app.command("show")
+def show(run_id: Annotated[str, typer.Argument(help="A run id (or a unique part of it) from labctl status.")],
+         json_output: JsonOut = False) -> None:
+    """One run: its command, outcome, per-host counts, and failed tasks with their messages."""
+    try:
+        record = RecordStore(state_dir()).load(run_id)
+    except FileNotFoundError as exc:
+        raise _fail(str(exc)) from exc
+    if json_output:
+        print(json.dumps(record.to_json(), indent=2))
+        return
+    typer.echo(f"run {record.id}: {' '.join(record.argv)}")
+    typer.echo(f"inventory {record.inventory}, revision {record.revision}")
+    print_summary(record, False)
+
+
+def rolling_restart(
+    inventory: Inventory,
+    replica: Annotated[list[int] | None, typer.Option("--replica", "-r", help="Only this replica index (repeatable).")] = None,
+    limit: Limit = None,
+    extra_vars: ExtraVars = None,
+    json_output: JsonOut = False,
+    keep_days: KeepDays = 30,
+) -> None:
+    """Restart vLLM replicas one at a time, each serving again before the next (the planned
+    weekly restart against memory fragmentation)."""
+    request = _request("rolling-restart", inventory, Path("playbooks/rolling-restart.yml"), limit, None, False, False,
+                       extra_vars, json_output, keep_days)
+    request.extra_vars["labctl_restart_replicas"] = list(replica or [])
+    code, record = execute(request)
+    if record is not None:
+        print_summary(record, json_output)
+    raise typer.Exit(code)
+
+
+def execute_quiet(request: RunRequest) -> tuple[int, Any]:
+    """execute() with its JSON event lines kept off stdout (smoke prints its own table)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return execute(request)
+
+
+def smoke_results(events: Path) -> list[dict[str, Any]]:
+    """The labctl_smoke lists the smoke playbook's "Report the checks" tasks printed, per host."""
+    results = []
+    for line in events.read_text(encoding="utf-8").splitlines():
+        event = json.loads(line)
+        data = event.get("event_data") or {}
+        if event.get("event") == "runner_on_ok" and data.get("task") == "Report the checks":
+            for check in (data.get("res") or {}).get("labctl_smoke") or []:
+                results.append({"host": data.get("host", "")} | check)
+    return results
+
+
+def smoke(
+    inventory: Inventory,
+    limit: Limit = None,
+    json_output: JsonOut = False,
+) -> None:
+    """One request to every replica and through every gateway, one Prometheus query: a
+    pass/fail table. Exit 0 when every check passes, 1 otherwise."""
+    request = _request("smoke", inventory, Path("playbooks/smoke.yml"), limit, None, False, False, None, True, 30)
+    request.record_hosts = False
+    request.json_output = True
+    code, record = execute_quiet(request)
+    if record is None:
+        raise typer.Exit(code)
+    checks = smoke_results(RecordStore(state_dir()).root / record.id / "events.jsonl")
+    passed = bool(checks) and all(str(c.get("ok")).lower() == "true" for c in checks) and code == Exit.OK
+    if json_output:
+        print(json.dumps({"passed": passed, "checks": checks, "run": record.id}))
+    else:
+        table = Table(title=f"labctl smoke ({record.id})")
+        for column in ("host", "check", "target", "result", "detail"):
+            table.add_column(column)
+        for c in checks:
+            ok = str(c.get("ok")).lower() == "true"
+            table.add_row(c["host"], c.get("check", ""), c.get("target", ""), "PASS" if ok else "FAIL", c.get("detail", ""))
+        Console(width=None if sys.stdout.isatty() else 200).print(table)
+        if code != Exit.OK:
+            print_summary(record, False)
+    raise typer.Exit(int(Exit.OK) if passed else int(Exit.FAILED) if code in (Exit.OK, Exit.FAILED) else code)
