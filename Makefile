@@ -8,7 +8,7 @@ VENV_STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements/dev.lo
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 TEST_BUNDLE := $(CURDIR)/build/bundles/test
-SCENARIOS   ?= airgap host_tuning gpu artifacts datastores stack
+SCENARIOS   ?= airgap host_tuning gpu artifacts datastores control_node stack
 
 # What molecule, the sandbox inventory and the tests read.
 export LABCTL_BUNDLE = $(TEST_BUNDLE)
