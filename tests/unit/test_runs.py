@@ -86,7 +86,7 @@ def prom(path: Path) -> dict[str, float]:
 def test_provision_records_the_run_and_writes_the_textfile(lab: dict[str, Path]) -> None:
     run = labctl(lab, "provision")
     assert run.returncode == Exit.OK, run.stdout + run.stderr
-    assert "provision ok" in run.stdout and "local1: ok=" in run.stdout
+    assert "labctl provision: ok in" in run.stdout and "local1: ok=" in run.stdout
     (record,) = records(lab)
     assert record.outcome == "ok" and record.exit_code == 0
     assert record.hosts["local1"].changed == 1

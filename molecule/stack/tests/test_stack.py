@@ -3,6 +3,7 @@ tiny model behind LiteLLM (no database), PostgreSQL and Redis, all from the bund
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -17,6 +18,8 @@ ENV_FILE = "/etc/labctl/litellm/litellm.env"
 REPLICAS = {0: "http://127.0.0.1:8000", 1: "http://127.0.0.1:8001"}
 PUBLIC = "tiny-llama"
 REPORT = REPO / "build" / "reports" / "stack.json"
+LABCTL_STATE = REPO / "build" / "reports" / "labctl-state"
+_UNITS = ["vllm@0", "vllm@1", "litellm", "redis-server", "postgresql@15-main", "prometheus", "prometheus-node-exporter"]
 
 
 def _site(*extra: str, timeout: int = 1500) -> subprocess.CompletedProcess[str]:
@@ -67,8 +70,7 @@ def _successes(host, index: int) -> float:
 
 
 def _main_pids(host) -> dict[str, str]:
-    units = ["vllm@0", "vllm@1", "litellm", "redis-server", "postgresql@15-main", "prometheus", "prometheus-node-exporter"]
-    return {unit: host.check_output(f"systemctl show -p MainPID --value {unit}") for unit in units}
+    return {unit: host.check_output(f"systemctl show -p MainPID --value {unit}") for unit in _UNITS}
 
 
 def _report(**values: object) -> None:
@@ -153,7 +155,7 @@ def test_second_run_changes_nothing_and_restarts_nothing(host):
     """Through `labctl provision` (ansible-runner): exit 0, the record counts no change, the
     host's textfile says so, and no service restarted."""
     pids = _main_pids(host)
-    state = REPO / "build" / "reports" / "labctl-state"
+    state = LABCTL_STATE
     env = dict(os.environ, LABCTL_STATE_DIR=str(state))
     result = subprocess.run(["labctl", "provision", "-i", os.environ["MOLECULE_INVENTORY_FILE"], "--json"],
                             capture_output=True, text=True, timeout=1500, check=False, cwd=REPO, env=env)
@@ -165,6 +167,78 @@ def test_second_run_changes_nothing_and_restarts_nothing(host):
     prom = host.file("/var/lib/prometheus/node-exporter/labctl_provision.prom").content_string
     assert 'labctl_last_run_success{command="provision",inventory="inventory"} 1' in prom
     assert 'labctl_last_run_changed_tasks{command="provision",inventory="inventory"} 0' in prom
+    # No generated secret (master and salt keys, passwords) is in any record (events,
+    # ansible-runner's artifacts): the preflight's look at the inventory once leaked them all.
+    key = host.check_output(f"grep '^LITELLM_MASTER_KEY=' {ENV_FILE} | cut -d= -f2-")
+    assert key.startswith("sk-") and len(key) > 20
+    secrets_dir = Path.home() / ".local" / "share" / "labctl" / "secrets" / "inventory"
+    secrets = [key] + [p.read_text().split()[0] for p in secrets_dir.iterdir() if p.is_file() and p.read_text().strip()]
+    assert len(secrets) >= 5, secrets_dir
+    records = [p for p in state.rglob("*") if p.is_file()]
+    leaks = [(p.name, i) for p in records for i, secret in enumerate(secrets) if secret in p.read_text(errors="replace")]
+    assert not leaks, leaks
+
+
+# --- labctl against the stack (before the flag-change test, which leaves the host off the
+# inventory on purpose) ---------------------------------------------------------------------
+_SYSCTL = "/etc/sysctl.d/90-labctl-inference.conf"
+_WATCHED = ["/etc/labctl", "/etc/sysctl.d", "/etc/prometheus", "/etc/systemd/system", "/etc/redis", "/etc/default"]
+
+
+def _labctl(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, LABCTL_STATE_DIR=str(LABCTL_STATE))
+    return subprocess.run(["labctl", *args, "-i", os.environ["MOLECULE_INVENTORY_FILE"]], capture_output=True,
+                          text=True, timeout=timeout, check=False, cwd=REPO, env=env)
+
+
+def _snapshot(host) -> dict[str, str]:
+    """sha256 of every regular file under the watched directories, and each unit's MainPID."""
+    listing = host.check_output(f"find {' '.join(_WATCHED)} -type f -exec sha256sum {{}} + 2>/dev/null | sort")
+    pids = {unit: host.check_output(f"systemctl show -p MainPID --value {unit}") for unit in _UNITS}
+    return {"files": hashlib.sha256(listing.encode()).hexdigest(), **pids}
+
+
+def test_drift_finds_a_hand_changed_file_and_changes_nothing(host):
+    original = host.file(_SYSCTL).content_string
+    host.run_test(f"sed -i 's/^vm.swappiness.*/vm.swappiness = 60/' {_SYSCTL}")
+    changed = host.file(_SYSCTL).content_string
+    assert changed != original, "the test changes a managed setting by hand"
+    before = _snapshot(host)
+    try:
+        run = _labctl("drift")
+        after = _snapshot(host)
+        assert run.returncode == 5, run.stdout[-4000:] + run.stderr[-2000:]
+        assert after == before, "labctl drift changed the host"
+        assert host.file(_SYSCTL).content_string == changed
+        would = [line.strip()[2:] for line in run.stdout.splitlines() if line.startswith("    - ")]
+        assert would and all("sysctl" in task.lower() or "kernel" in task.lower() for task in would), run.stdout
+        prom = host.file("/var/lib/prometheus/node-exporter/labctl_drift.prom").content_string
+        assert f'labctl_last_run_drift_tasks{{command="drift",inventory="inventory"}} {len(would)}' in prom
+    finally:
+        host.run_test(f"cat > {_SYSCTL} <<'EOF'\n{original}EOF")
+    assert host.file(_SYSCTL).content_string == original
+
+
+def test_smoke_passes_on_the_stack():
+    run = _labctl("smoke", "--json", timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    result = json.loads(run.stdout.splitlines()[-1])
+    checks = {c["check"]: c for c in result["checks"]}
+    assert set(checks) == {"replica vllm@0", "replica vllm@1", "gateway", "prometheus"}, checks
+    assert all(str(c["ok"]).lower() == "true" for c in checks.values()), checks
+
+
+def test_rolling_restart_of_one_replica(host):
+    before = {unit: host.check_output(f"systemctl show -p MainPID --value {unit}") for unit in _UNITS}
+    run = _labctl("rolling-restart", "--replica", "1", timeout=900)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    after = {unit: host.check_output(f"systemctl show -p MainPID --value {unit}") for unit in _UNITS}
+    assert after["vllm@1"] != before["vllm@1"]
+    assert {u: p for u, p in after.items() if u != "vllm@1"} == {u: p for u, p in before.items() if u != "vllm@1"}
+    status = subprocess.run(["labctl", "status", "--json"], capture_output=True, text=True, check=True,
+                            env=dict(os.environ, LABCTL_STATE_DIR=str(LABCTL_STATE)))
+    latest = json.loads(status.stdout)[0]
+    assert latest["command"] == "rolling-restart" and latest["outcome"] == "ok"
 
 
 def _time_to_serve(host, index: int) -> float:

@@ -128,8 +128,11 @@ def test_rules_load_and_evaluate(host):
     assert len([r for r in rules if r["type"] == "alerting"]) >= 10
     broken = [(r["name"], r.get("lastError")) for r in rules if r.get("health") not in ("ok", "unknown")]
     assert not broken, broken
-    firing = [r["name"] for r in rules if r["type"] == "alerting" and r["state"] == "firing"]
-    assert not firing, f"alerts firing on a healthy stack: {firing}"
+    # The healthy stack raises one alert: test_stack.py's drift check found the hand-changed
+    # sysctl file and left labctl_drift.prom saying so (labctl -> textfile -> node_exporter ->
+    # Prometheus -> alert, end to end). Nothing else fires.
+    firing = sorted({r["name"] for r in rules if r["type"] == "alerting" and r["state"] == "firing"})
+    assert firing == ["ProvisioningDriftDetected"], f"alerts firing: {firing}"
 
 
 def test_gpu_metrics_from_the_textfile_collector(host):

@@ -211,7 +211,7 @@ def execute(request: RunRequest) -> tuple[int, Record | None]:
 
 def summary_lines(record: Record) -> list[str]:
     """The end-of-run summary: outcome, per-host counts, failed tasks, drift per host."""
-    lines = [f"{record.command} {record.outcome} in {record.duration:.0f} s (run {record.id}, exit {record.exit_code})"]
+    lines = [f"labctl {record.command}: {record.outcome} in {record.duration:.0f} s (exit {record.exit_code}, run {record.id})"]
     if record.message:
         lines += ["  " + line for line in record.message.splitlines()]
     for host, s in record.hosts.items():
