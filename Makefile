@@ -50,7 +50,8 @@ lint: venv
 	ansible-playbook --syntax-check site.yml -i inventories/lab
 	mypy
 
-unit: venv host-tools
+# After the bundle: some tests read the pinned wheels (metric names in vLLM's and LiteLLM's source).
+unit: venv host-tools bundle-test
 	pytest tests/unit
 
 # The fingerprint is read after the bundle exists, so molecule runs in a sub-make.

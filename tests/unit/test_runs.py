@@ -186,9 +186,10 @@ def test_sigterm_interrupts_records_and_releases_the_lock(lab: dict[str, Path]) 
                             "-e", "pause_seconds=60"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(lab["state"], "Wait when asked")
     started = time.time()
+    status = [line for line in Path(f"/proc/{run.pid}/status").read_text().splitlines() if line.startswith(("SigCgt", "SigBlk", "SigIgn", "State"))]
     run.send_signal(signal.SIGTERM)
-    run.wait(timeout=60)
-    assert run.returncode == Exit.INTERRUPTED
+    out, err = run.communicate(timeout=90)
+    assert run.returncode == Exit.INTERRUPTED, (status, time.time() - started, out[-2000:], err[-2000:])
     assert time.time() - started < 45, "the run stops well before the 60 s task ends"
     (record,) = records(lab)
     assert record.outcome == "interrupted" and record.ended is not None

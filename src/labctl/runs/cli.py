@@ -84,6 +84,13 @@ def _request(command: str, inventory: Path, playbook: Path, limit: str | None, t
                       extra_vars=parse_extra_vars(extra_vars or []), json_output=json_output, keep_days=keep_days)
 
 
+def _execute_and_exit(request: RunRequest) -> None:
+    code, record = execute(request)
+    if record is not None:
+        print_summary(record, request.json_output)
+    raise typer.Exit(code)
+
+
 def provision(
     inventory: Inventory,
     limit: Limit = None,
@@ -97,10 +104,7 @@ def provision(
 ) -> None:
     """Run site.yml against an inventory: locked, recorded, exit code per outcome."""
     request = _request("provision", inventory, playbook, limit, tags, check, diff, extra_vars, json_output, keep_days)
-    code, record = execute(request)
-    if record is not None:
-        print_summary(record, json_output)
-    raise typer.Exit(code)
+    _execute_and_exit(request)
 
 
 def drift(
@@ -115,10 +119,7 @@ def drift(
     """Check mode with diff over the site: list each task that would change, per host. Changes
     nothing on the hosts but its own record (labctl_drift.prom). Exit 0: no drift; 5: drift."""
     request = _request("drift", inventory, playbook, limit, tags, True, True, extra_vars, json_output, keep_days)
-    code, record = execute(request)
-    if record is not None:
-        print_summary(record, json_output)
-    raise typer.Exit(code)
+    _execute_and_exit(request)
 
 
 def status(
@@ -172,10 +173,7 @@ def rolling_restart(
     request = _request("rolling-restart", inventory, Path("playbooks/rolling-restart.yml"), limit, None, False, False,
                        extra_vars, json_output, keep_days)
     request.extra_vars["labctl_restart_replicas"] = list(replica or [])
-    code, record = execute(request)
-    if record is not None:
-        print_summary(record, json_output)
-    raise typer.Exit(code)
+    _execute_and_exit(request)
 
 
 def execute_quiet(request: RunRequest) -> tuple[int, Any]:

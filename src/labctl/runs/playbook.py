@@ -179,6 +179,9 @@ def execute(request: RunRequest) -> tuple[int, Record | None]:
         canceled["flag"] = True
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # A parent may have started us with these blocked (the mask survives exec): then a stop
+    # request would wait, pending, until the run ends by itself.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     try:
         if lock.previous:
             console.print(f"note: took over the lock of an earlier run that did not finish (PID {lock.previous.get('pid')}, "
