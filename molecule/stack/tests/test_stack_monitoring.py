@@ -281,6 +281,6 @@ def test_bad_input_stops_before_anything_changes(host):
     pid, reloaded = _reload_state(host)
     run = _site(TAGS, "-e", "prometheus_alert_kv_cache_for=10x")
     assert run.returncode != 0
-    assert "prometheus_alert_kv_cache_for (10x) must be a Prometheus duration" in run.stdout
+    assert "prometheus_alert_kv_cache_for (10x) must be a Prometheus duration" in run.stdout + run.stderr
     assert host.file(f"{RULES_DIR}/labctl-alerts.rules.yml").content_string == before
     assert _reload_state(host) == (pid, reloaded)
