@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))
 
 from promql_sources import Query, dashboard_queries, rule_queries, selectors  # noqa: E402
+from test_stack import _py, _site  # noqa: E402 - the scenario's helpers (same directory)
 
 PROM = "http://127.0.0.1:9090"
 ENV_FILE = "/etc/labctl/litellm/litellm.env"
@@ -33,10 +32,6 @@ PUBLIC = "tiny-llama"
 # admission queue. The fault tests produce them; here their queries must parse, and the names
 # are checked against the pinned LiteLLM's source (tests/unit/test_dashboards.py).
 EVENT_ONLY = ("litellm_deployment_cooled_down_total", "litellm_admission_rejected_requests_total")
-
-
-def _py(host, code: str) -> str:
-    return host.check_output("python3 -c %s", code)
 
 
 def _prom_queries(host, exprs: list[str]) -> list[dict]:
@@ -79,11 +74,6 @@ for i in range({n}):
 print(json.dumps(codes))
 """
     return json.loads(_py(host, code))
-
-
-def _site(*extra: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    cmd = ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(REPO / "site.yml"), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO)
 
 
 def _wait_targets_up(host, timeout: float = 90) -> list[dict]:
