@@ -78,6 +78,7 @@ class _Collector:
         host = str(data.get("host", ""))
         task = str(data.get("task", ""))
         role = str(data.get("role", ""))
+        self._count(kind, host, data)
         if kind == "runner_on_failed" and not data.get("ignore_errors"):
             self.record.failures.append(TaskNote(host, task, displays.message_of(data), role))
         elif kind == "runner_on_unreachable":
@@ -95,6 +96,23 @@ class _Collector:
             }
         self.show.event(event)
         return False  # ansible-runner need not keep its own copy of the event
+
+    def _count(self, kind: str, host: str, data: dict[str, Any]) -> None:
+        """Running per-host counts, so a run stopped before its recap still knows which hosts it reached
+        (playbook_on_stats replaces them with ansible's own)."""
+        if not host or not kind.startswith("runner_on_") or kind == "runner_on_start":
+            return
+        stats = self.record.hosts.setdefault(host, HostStats())
+        if kind == "runner_on_ok":
+            stats.ok += 1
+            res = data.get("res")
+            stats.changed += int(isinstance(res, dict) and bool(res.get("changed")))
+        elif kind == "runner_on_failed":
+            stats.failed += int(not data.get("ignore_errors"))
+        elif kind == "runner_on_skipped":
+            stats.skipped += 1
+        elif kind == "runner_on_unreachable":
+            stats.unreachable += 1
 
 
 def _outcome(record: Record, status: str, canceled: bool) -> str:
@@ -190,7 +208,7 @@ def execute(request: RunRequest) -> tuple[int, Record | None]:
         record, rundir = store.create(request.command, request.argv, request.inventory, request.check)
         show = displays.choose(request.json_output, request.playbook, request.inventory, request.ansible_args())
         try:
-            with open(rundir / "events.jsonl", "w", encoding="utf-8") as events:
+            with open(rundir / "events.jsonl", "w", encoding="utf-8", buffering=1) as events:
                 result = _run(request, rundir / "runner", request.playbook, request.extra_vars, request.ansible_args(),
                               _Collector(record, events, show), lambda: canceled["flag"])
         finally:
