@@ -64,11 +64,46 @@ molecule-run:
 
 test: lint unit molecule
 
+# Not in `make test` (CI budget): three hosts on an internal network, four vLLM replicas, a GPU host
+# stopped mid-run (docs/runbooks/scale-out.md). The fingerprint is read after the bundle exists.
+.PHONY: test-scaleout
+test-scaleout: bundle-test
+	$(MAKE) --no-print-directory molecule-run SCENARIOS=scaleout
+
 # Not a test: staging speed vs rsync -a and sha256sum on synthetic weights (8 x 1 GiB, 3 rounds; BENCH_FILES,
 # BENCH_SIZE, BENCH_WORKERS, BENCH_ROUNDS change it). Table on stdout, JSON in build/bench-artifacts.json.
 .PHONY: bench-artifacts
 bench-artifacts: venv
 	python3 scripts/bench-artifacts.py
+
+# Not a test: the lab's gateway settings vs the project's (`labctl gateway-config -i bench/inventory`), each
+# through the real LiteLLM in front of two vLLM stand-ins, same seeded load (bench/README.md, ~15 min).
+# LiteLLM comes from the test bundle's wheel set into build/bench-venv; JSON and PNG in build/bench-gateway/.
+BENCH_VENV := $(CURDIR)/build/bench-venv
+$(TEST_BUNDLE)/wheels/sets/litellm.txt:
+	$(MAKE) --no-print-directory bundle-test
+$(BENCH_VENV)/.stamp: bench/requirements.txt $(TEST_BUNDLE)/wheels/sets/litellm.txt
+	python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --no-index --find-links $(TEST_BUNDLE)/wheels --no-deps --require-hashes \
+		-r $(TEST_BUNDLE)/wheels/sets/litellm.txt
+	$(BENCH_VENV)/bin/pip install -q -r bench/requirements.txt
+	touch $@
+
+.PHONY: bench-gateway
+bench-gateway: venv $(BENCH_VENV)/.stamp
+	command -v redis-server >/dev/null || apt-get install -y -q redis-server
+	$(BENCH_VENV)/bin/python bench/gateway_bench.py
+
+# Not a test: site.yml's first converge on a fresh sandbox container (labctl-benchprov) and the no-op re-run
+# (target <= 60 s, changed=0, no service restarted), with the ten slowest tasks of each; JSON in
+# build/bench-provision.json. BENCH_KEEP=1 keeps the container, BENCH_RERUN_ONLY=1 times only the re-run.
+.PHONY: bench-provision
+bench-provision: bundle-test
+	$(MAKE) --no-print-directory bench-provision-run
+
+.PHONY: bench-provision-run
+bench-provision-run:
+	python3 scripts/bench-provision.py
 
 demo: bundle-test
 	$(MAKE) --no-print-directory demo-run

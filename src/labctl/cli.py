@@ -6,6 +6,7 @@ import typer
 
 from labctl import __version__
 from labctl.bundle.cli import app as bundle_app
+from labctl.gateway_config import gateway_config
 from labctl.plan_cli import plan_command
 from labctl.runs import cli as runs_cli
 
@@ -23,6 +24,7 @@ app.command("status")(runs_cli.status)
 app.command("smoke")(runs_cli.smoke)
 app.command("rolling-restart")(runs_cli.rolling_restart)
 app.add_typer(runs_cli.runs_app, name="runs")
+app.command("gateway-config")(gateway_config)
 
 
 def _version(value: bool) -> None:

@@ -9,6 +9,8 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,40 @@ def _report(**values: object) -> None:
     REPORT.write_text(json.dumps(data, indent=2) + "\n")
 
 
+@contextmanager
+def _traffic(host, name: str = "traffic") -> Iterator[dict]:
+    """A steady request stream (tests/traffic.py, plain and streamed requests, /health polls)
+    inside the target for the duration of the block; the dict gets its summary at the end."""
+    stop, out = f"/tmp/{name}.stop", f"/tmp/{name}.json"
+    host.run_test(f"rm -f {stop} {out}")
+    script = (Path(__file__).parent / "traffic.py").read_text()
+    host.run_test("cat > /tmp/traffic.py <<'EOF'\n" + script + "\nEOF")
+    subprocess.run(["docker", "exec", "-d", host.check_output("hostname"), "python3", "/tmp/traffic.py", ENV_FILE,
+                    PUBLIC, stop, out, *REPLICAS.values()], check=True)
+    time.sleep(3)
+    summary: dict = {}
+    try:
+        yield summary
+    finally:
+        host.run_test(f"touch {stop}")
+        for _ in range(150):
+            if host.file(out).exists:
+                break
+            time.sleep(1)
+        summary.update(json.loads(host.file(out).content_string))
+
+
+def _secrets(host) -> list[str]:
+    """Every generated secret: the LiteLLM master and salt keys, the database, Redis and Grafana
+    passwords (the control node's files), and the master key as the host has it."""
+    key = host.check_output(f"grep '^LITELLM_MASTER_KEY=' {ENV_FILE} | cut -d= -f2-")
+    assert key.startswith("sk-") and len(key) > 20
+    secrets_dir = Path.home() / ".local" / "share" / "labctl" / "secrets" / "inventory"
+    secrets = [key] + [p.read_text().split()[0] for p in secrets_dir.iterdir() if p.is_file() and p.read_text().strip()]
+    assert len(secrets) >= 5, secrets_dir
+    return secrets
+
+
 def _chat(model: str = PUBLIC) -> dict:
     return {"model": model, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8}
 
@@ -139,8 +175,10 @@ def test_gateway_health_and_metrics_need_no_key(host):
 
 def test_postgres_and_redis_answer(host):
     assert host.run("pg_isready -h 127.0.0.1 -p 5432").rc == 0
-    password = host.check_output("sed -n 's/^REDIS_PASSWORD=//p' %s", ENV_FILE)
-    assert host.check_output("redis-cli --no-auth-warning -a %s ping", password) == "PONG"
+    # The password goes through the environment, not the command line (which ansible's command
+    # module would write to the journal, where test_stack_zz_final.py looks for secrets).
+    auth = f"REDISCLI_AUTH=\"$(sed -n 's/^REDIS_PASSWORD=//p' {ENV_FILE})\""
+    assert host.check_output(f"{auth} redis-cli ping") == "PONG"
     assert "NOAUTH" in host.run("redis-cli ping").stdout
 
 
@@ -152,13 +190,17 @@ def test_secrets_stay_out_of_world_readable_files(host):
 
 
 def test_second_run_changes_nothing_and_restarts_nothing(host):
-    """Through `labctl provision` (ansible-runner): exit 0, the record counts no change, the
-    host's textfile says so, and no service restarted."""
+    """Through `labctl provision` (ansible-runner), while serving: exit 0, the record counts no
+    change, the host's textfile says so, no service restarted, no request failed."""
     pids = _main_pids(host)
     state = LABCTL_STATE
     env = dict(os.environ, LABCTL_STATE_DIR=str(state))
-    result = subprocess.run(["labctl", "provision", "-i", os.environ["MOLECULE_INVENTORY_FILE"], "--json"],
-                            capture_output=True, text=True, timeout=1500, check=False, cwd=REPO, env=env)
+    with _traffic(host) as traffic:
+        result = subprocess.run(["labctl", "provision", "-i", os.environ["MOLECULE_INVENTORY_FILE"], "--json"],
+                                capture_output=True, text=True, timeout=1500, check=False, cwd=REPO, env=env)
+    _report(reprovision_traffic={"requests_ok": traffic["ok"], "streamed_ok": traffic["ok_streamed"],
+                                 "requests_failed": len(traffic["failed"])})
+    assert traffic["failed"] == [] and traffic["ok"] > 20 and traffic["ok_streamed"] > 10, traffic["failed"][:5]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     summary = json.loads(result.stdout.splitlines()[-1])
     assert summary["event"] == "summary" and summary["outcome"] == "ok", summary
@@ -169,11 +211,7 @@ def test_second_run_changes_nothing_and_restarts_nothing(host):
     assert 'labctl_last_run_changed_tasks{command="provision",inventory="inventory"} 0' in prom
     # No generated secret (master and salt keys, passwords) is in any record (events,
     # ansible-runner's artifacts): the preflight's look at the inventory once leaked them all.
-    key = host.check_output(f"grep '^LITELLM_MASTER_KEY=' {ENV_FILE} | cut -d= -f2-")
-    assert key.startswith("sk-") and len(key) > 20
-    secrets_dir = Path.home() / ".local" / "share" / "labctl" / "secrets" / "inventory"
-    secrets = [key] + [p.read_text().split()[0] for p in secrets_dir.iterdir() if p.is_file() and p.read_text().strip()]
-    assert len(secrets) >= 5, secrets_dir
+    secrets = _secrets(host)
     records = [p for p in state.rglob("*") if p.is_file()]
     leaks = [(p.name, i) for p in records for i, secret in enumerate(secrets) if secret in p.read_text(errors="replace")]
     assert not leaks, leaks
@@ -229,9 +267,15 @@ def test_smoke_passes_on_the_stack():
 
 
 def test_rolling_restart_of_one_replica(host):
+    """`labctl rolling-restart --replica 1` under a steady request stream: no request fails."""
     before = {unit: host.check_output(f"systemctl show -p MainPID --value {unit}") for unit in _UNITS}
-    run = _labctl("rolling-restart", "--replica", "1", timeout=900)
+    with _traffic(host) as traffic:
+        run = _labctl("rolling-restart", "--replica", "1", timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    _report(labctl_rolling_restart={"requests_ok": traffic["ok"], "streamed_ok": traffic["ok_streamed"],
+                                    "requests_failed": len(traffic["failed"])})
+    assert any(not up[1] for _, up in traffic["health"]), "replica 1 was never seen down during the stream"
+    assert traffic["failed"] == [] and traffic["ok"] > 10, traffic["failed"][:5]
     after = {unit: host.check_output(f"systemctl show -p MainPID --value {unit}") for unit in _UNITS}
     assert after["vllm@1"] != before["vllm@1"]
     assert {u: p for u, p in after.items() if u != "vllm@1"} == {u: p for u, p in before.items() if u != "vllm@1"}
@@ -268,25 +312,14 @@ def test_compile_cache_makes_a_restart_faster(host):
 
 
 def test_flag_change_restarts_replicas_one_at_a_time_while_requests_succeed(host):
-    """A vLLM flag the gateway does not depend on: only the replicas restart, one at a time."""
+    """A vLLM flag the gateway does not depend on: only the replicas restart, one at a time.
+    The run is `ansible-playbook -v`: its output carries no generated secret."""
     pids = _main_pids(host)
-    host.run_test("rm -f /tmp/traffic.stop /tmp/traffic.json")
-    script = (Path(__file__).parent / "traffic.py").read_text()
-    host.run_test("cat > /tmp/traffic.py <<'EOF'\n" + script + "\nEOF")
-    name = host.check_output("hostname")
-    subprocess.run(["docker", "exec", "-d", name, "python3", "/tmp/traffic.py", ENV_FILE, PUBLIC, "/tmp/traffic.stop",
-                    "/tmp/traffic.json", *REPLICAS.values()], check=True)
-    time.sleep(3)
-    result = _site("-e", "vllm_max_num_batched_tokens=1024")
-    host.run_test("touch /tmp/traffic.stop")
-    for _ in range(60):
-        if host.file("/tmp/traffic.json").exists:
-            break
-        time.sleep(1)
+    with _traffic(host) as traffic:
+        result = _site("-v", "-e", "vllm_max_num_batched_tokens=1024")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    traffic = json.loads(host.file("/tmp/traffic.json").content_string)
-    _report(rolling_restart={"requests_ok": traffic["ok"], "requests_failed": len(traffic["failed"]),
-                             "polls_with_no_replica_up": traffic["both_down"]})
+    _report(rolling_restart={"requests_ok": traffic["ok"], "streamed_ok": traffic["ok_streamed"],
+                             "requests_failed": len(traffic["failed"]), "polls_with_no_replica_up": traffic["both_down"]})
     # Both replicas got the new flag and were restarted; nothing else was.
     after = _main_pids(host)
     assert after["vllm@0"] != pids["vllm@0"] and after["vllm@1"] != pids["vllm@1"]
@@ -298,4 +331,9 @@ def test_flag_change_restarts_replicas_one_at_a_time_while_requests_succeed(host
     assert downs, "the watcher never saw a replica down: no restart happened during the traffic"
     assert traffic["both_down"] == 0
     # Requests kept succeeding through the restarts.
-    assert traffic["ok"] > 20 and traffic["failed"] == [], traffic["failed"][:5]
+    assert traffic["ok"] > 20 and traffic["ok_streamed"] > 10 and traffic["failed"] == [], traffic["failed"][:5]
+    # -v prints every task's result: the no_log ones must still hide every generated secret.
+    output = result.stdout + result.stderr
+    assert "censored" in output and output.count("] => {") > 100, "not the verbose output"
+    leaked = [i for i, secret in enumerate(_secrets(host)) if secret in output]
+    assert not leaked, f"secrets {leaked} (index in _secrets) in the ansible-playbook -v output"

@@ -3,8 +3,8 @@ scrapes every target; every dashboard panel and every rule in the repository ret
 after traffic; the deployed rules pass the promtool suite; a rule change reloads Prometheus
 without a restart; bad input stops the run before anything changes.
 
-Runs after test_stack.py and test_stack_labctl.py (file order), which have already sent traffic,
-restarted replicas and left labctl's run records on the host.
+Runs after test_stack.py and test_stack_faults.py (file order), which have already sent traffic,
+restarted and killed replicas and left labctl's run records on the host.
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ PROM = "http://127.0.0.1:9090"
 ENV_FILE = "/etc/labctl/litellm/litellm.env"
 RULES_DIR = "/etc/prometheus/rules.d"
 PUBLIC = "tiny-llama"
-# LiteLLM creates these series at their first event only: a cooldown, a request refused by the
-# admission queue. The fault tests produce them; here their queries must parse, and the names
-# are checked against the pinned LiteLLM's source (tests/unit/test_dashboards.py).
-EVENT_ONLY = ("litellm_deployment_cooled_down_total", "litellm_admission_rejected_requests_total")
+# LiteLLM creates this series at its first event only: a request refused by the admission
+# queue. Its queries must parse, and the name is checked against the pinned LiteLLM's source
+# (tests/unit/test_dashboards.py). The cooldown series (litellm_deployment_cooled_down_total)
+# exists by now: test_stack_faults.py, which runs before this file, killed a replica.
+EVENT_ONLY = ("litellm_admission_rejected_requests_total",)
 
 
 def _prom_queries(host, exprs: list[str]) -> list[dict]:

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Steady traffic through the gateway while something else happens (copied into the target).
 
-Sends one chat completion after another with the master key until the stop file appears, and
-polls both replicas' /health every half second. Writes a JSON summary: request outcomes, and
-the moments when no replica answered /health.
+Sends one chat completion after another with the master key until the stop file appears, every
+other one streamed (a streamed request counts as ok only when it ends with [DONE] and carries no
+error event), and polls the replicas' /health every half second. Writes a JSON summary: request
+outcomes, and the moments when no replica answered /health.
 usage: traffic.py LITELLM_ENV_FILE MODEL STOP_FILE OUT_FILE REPLICA_URL...
 """
 import json
@@ -16,24 +17,36 @@ import urllib.request
 
 key_file, model, stop_file, out_file, *replicas = sys.argv[1:]
 key = next(line.split("=", 1)[1].strip() for line in open(key_file) if line.startswith("LITELLM_MASTER_KEY="))
-results = {"ok": 0, "failed": [], "health": [], "both_down": 0}
+results = {"ok": 0, "ok_streamed": 0, "failed": [], "health": [], "both_down": 0, "started": time.time()}
+
+
+def one(stream):
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                       "stream": stream}).encode()
+    request = urllib.request.Request(
+        "http://127.0.0.1:4000/v1/chat/completions", data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        text = response.read().decode(errors="replace")
+    if stream:
+        events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+        if not events or events[-1] != "[DONE]" or any('"error"' in event for event in events):
+            raise ValueError(f"stream did not end cleanly: {text[-300:]!r}")
+        results["ok_streamed"] += 1
+    results["ok"] += 1
 
 
 def send():
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
+    stream = False
     while not os.path.exists(stop_file):
-        request = urllib.request.Request(
-            "http://127.0.0.1:4000/v1/chat/completions", data=body,
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=120) as response:
-                response.read()
-                results["ok"] += 1
+            one(stream)
         except urllib.error.HTTPError as exc:
-            results["failed"].append(f"{exc.code} {exc.read()[:200]!r}")
-        except OSError as exc:
-            results["failed"].append(str(exc))
+            results["failed"].append(f"{time.time():.1f} {exc.code} {exc.read()[:200]!r}")
+        except (OSError, ValueError) as exc:
+            results["failed"].append(f"{time.time():.1f} {exc}")
+        stream = not stream
         time.sleep(0.5)
 
 
@@ -58,5 +71,7 @@ for thread in threads:
     thread.start()
 for thread in threads:
     thread.join()
-with open(out_file, "w") as handle:
+results["stopped"] = time.time()
+with open(out_file + ".tmp", "w") as handle:
     json.dump(results, handle)
+os.rename(out_file + ".tmp", out_file)

@@ -1,0 +1,90 @@
+"""Preflight's bundle filters (roles/preflight/filter_plugins/preflight_bundle.py): the served
+model is in the bundle, the tiktoken files are harmony's, the bytes the model root must take."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+_SPEC = importlib.util.spec_from_file_location("preflight_bundle", REPO / "roles" / "preflight" / "filter_plugins" / "preflight_bundle.py")
+assert _SPEC and _SPEC.loader
+bundle = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bundle)
+
+KNOWN: dict[str, Any] = yaml.safe_load((REPO / "roles" / "tiktoken_cache" / "vars" / "main.yml").read_text())["__tiktoken_cache_known"]
+O200K = KNOWN["o200k_base"]["sha256"]
+CL100K = KNOWN["cl100k_base"]["sha256"]
+
+
+def _manifest(*files: tuple[str, int, str]) -> dict[str, Any]:
+    return {"files": [{"path": path, "size": size, "sha256": sha} for path, size, sha in files]}
+
+
+MANIFEST = _manifest(
+    ("apt/InRelease", 10, "a" * 64),
+    ("models/tiny-llama/r1/SHA256SUMS", 100, "b" * 64),
+    ("models/tiny-llama/r1/model.safetensors", 5000, "c" * 64),
+    ("models/tiny-llama/r1/sub/config.json", 20, "d" * 64),
+    ("models/other/r7/model.safetensors", 99999, "e" * 64),
+    ("tiktoken/o200k_base.tiktoken", 3, O200K),
+    ("tiktoken/cl100k_base.tiktoken", 3, CL100K),
+)
+
+
+def test_served_model_in_the_bundle_is_no_problem() -> None:
+    assert bundle.labctl_preflight_model_problems(MANIFEST, "tiny-llama", "r1", "/b") == []
+
+
+def test_missing_model_or_revision_names_the_variables_and_what_the_bundle_carries() -> None:
+    for name, revision in (("gpt-oss-120b", "r1"), ("tiny-llama", "r2")):
+        (problem,) = bundle.labctl_preflight_model_problems(MANIFEST, name, revision, "/b")
+        assert f"the bundle /b has no model {name} revision {revision} (lab_model_name, lab_model_revision)" in problem
+        assert "it carries other r7, tiny-llama r1" in problem
+    (problem,) = bundle.labctl_preflight_model_problems(_manifest(("apt/InRelease", 1, "a" * 64)), "m", "r1", "/b")
+    assert "it carries no model at all" in problem
+
+
+def test_prefix_of_a_name_is_not_the_model() -> None:
+    (problem,) = bundle.labctl_preflight_model_problems(MANIFEST, "tiny", "r1", "/b")
+    assert "no model tiny revision r1" in problem
+
+
+def test_tiktoken_files_with_harmonys_hashes_pass() -> None:
+    assert bundle.labctl_preflight_tiktoken_problems(MANIFEST, ["o200k_base", "cl100k_base"], KNOWN, "/b") == []
+
+
+def test_wrong_tiktoken_file_is_named_with_both_hashes() -> None:
+    swapped = _manifest(("tiktoken/o200k_base.tiktoken", 3, CL100K), ("tiktoken/cl100k_base.tiktoken", 3, CL100K))
+    (problem,) = bundle.labctl_preflight_tiktoken_problems(swapped, ["o200k_base", "cl100k_base"], KNOWN, "/b")
+    assert problem.startswith(f"the bundle /b has a wrong tiktoken/o200k_base.tiktoken: sha256 {CL100K}, but openai-harmony expects {O200K}")
+
+
+def test_missing_or_unknown_encoding() -> None:
+    only = _manifest(("tiktoken/o200k_base.tiktoken", 3, O200K))
+    assert bundle.labctl_preflight_tiktoken_problems(only, ["o200k_base", "cl100k_base", "p50k"], KNOWN, "/b") == [
+        "the bundle /b has no tiktoken/cl100k_base.tiktoken (tiktoken_cache_encodings): rebuild it with the tiktoken section",
+        "tiktoken_cache_encodings: p50k is not an encoding harmony knows (cl100k_base, o200k_base)",
+    ]
+
+
+def test_model_bytes_count_only_the_served_revision_and_what_is_not_staged_yet() -> None:
+    assert bundle.labctl_preflight_model_bytes(MANIFEST, "tiny-llama", "r1", []) == 5120
+    staged = ["SHA256SUMS 100", "model.safetensors 5000", "sub/config.json 20"]
+    assert bundle.labctl_preflight_model_bytes(MANIFEST, "tiny-llama", "r1", staged) == 0
+    # A truncated copy on the target still needs the whole file.
+    assert bundle.labctl_preflight_model_bytes(MANIFEST, "tiny-llama", "r1", ["SHA256SUMS 100", "model.safetensors 17"]) == 5020
+    assert bundle.labctl_preflight_model_bytes(MANIFEST, "absent", "r1", []) == 0
+
+
+def test_typo_that_misses_every_prefix_is_named_with_the_declared_variable() -> None:
+    known = ["vllm_replicas", "litellm_port", "lab_model_root"]
+    prefixes = ["lab_", "vllm_", "litellm_"]
+    names = ["vlm_replicas", "litelm_port", "lab_model_rot", "vllm_replica", "ansible_port", "inventory_dir", "_x", "HOME", "litellm_port", "zebra_count"]
+    assert bundle.labctl_preflight_misspelled(names, known, prefixes) == [
+        "unknown variable litelm_port (did you mean litellm_port?)",
+        "unknown variable vlm_replicas (did you mean vllm_replicas?)",
+    ]
