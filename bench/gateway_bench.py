@@ -171,17 +171,13 @@ def start_gateway(cfg: dict[str, Any], workers: int, rundir: Path) -> subprocess
 def stop(proc: subprocess.Popen[bytes] | None, group: bool = False) -> None:
     if proc is None or proc.poll() is not None:
         return
-    if group:
-        os.killpg(proc.pid, signal.SIGTERM)
-    else:
-        proc.terminate()
+    pid = proc.pid
+    send = (lambda sig: os.killpg(pid, sig)) if group else proc.send_signal
+    send(signal.SIGTERM)
     try:
         proc.wait(15)
     except subprocess.TimeoutExpired:
-        if group:
-            os.killpg(proc.pid, signal.SIGKILL)
-        else:
-            proc.kill()
+        send(signal.SIGKILL)
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
