@@ -25,6 +25,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import loadgen as lg  # noqa: E402
+from gatewaymetrics import healthy_state_rise  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / "build" / "bench-venv"
@@ -299,7 +300,7 @@ def analyse(run: dict[str, Any], tl: Timeline, replicas: list[dict[str, Any]]) -
     healthy_base = next(r["api_base"] for r in replicas if r["served"] != ev.get("fault_replica"))
     win = [s for s in samples if ev.get("fault_at", 1e9) - 1 <= s["t"] <= ev.get("fault_at", 1e9) + ev.get("fault_seconds", 0) + 5]
     cooled = [s["gateway"]["cooled_down"].get(healthy_base, 0.0) for s in win]
-    state = [s["gateway"]["state"].get(healthy_base, 0.0) for s in win]
+    state_rise = healthy_state_rise(win, healthy_base)
     good = sum(r.tokens for r in burst if r.ok)
     return {
         "requests": len(res),
@@ -319,7 +320,7 @@ def analyse(run: dict[str, Any], tl: Timeline, replicas: list[dict[str, Any]]) -
         "fault": {"requests": len(fault), "failures": len(lg.failures(fault)),
                   "failure_kinds": count(r.kind for r in lg.failures(fault)),
                   "healthy_replica_cooldowns": (max(cooled) - min(cooled)) if cooled else None,
-                  "healthy_replica_max_state": max(state) if state else None,
+                  "healthy_replica_state_rise": state_rise,
                   "gateway_metrics_seen": any(s["gateway"]["state"] for s in samples)},
         "no_deployments_errors": len([r for r in res if "no deployments available" in r.error.lower()]),
         "all_failures": len(lg.failures(res)),
@@ -366,7 +367,7 @@ def checks(project: dict[str, Any], lab: dict[str, Any]) -> list[tuple[str, str,
         ("500 window: client failures = 0", fmt(lab["fault"]["failures"]), fmt(f["failures"]), "-", f["failures"] == 0),
         ("500 window: healthy replica never cooled down", fmt(lab["fault"]["healthy_replica_cooldowns"]),
          fmt(f["healthy_replica_cooldowns"]), "-",
-         f["gateway_metrics_seen"] and f["healthy_replica_cooldowns"] == 0 and (f["healthy_replica_max_state"] or 0) == 0),
+         f["gateway_metrics_seen"] and f["healthy_replica_cooldowns"] == 0 and f["healthy_replica_state_rise"] == 0),
     ]
 
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
+from gatewaymetrics import gateway_row, parse_metrics
 
 
 @dataclass(frozen=True)
@@ -177,26 +178,10 @@ async def play(plan: list[Planned], target: Target, t0: float, results: list[Res
         await asyncio.gather(*tasks)
 
 
-_SAMPLE = re.compile(r'^(?P<name>[\w:]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$')
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
-def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
-    out = []
-    for line in text.splitlines():
-        m = _SAMPLE.match(line.strip())
-        if m and not line.startswith("#"):
-            try:
-                out.append((m["name"], dict(_LABEL.findall(m["labels"] or "")), float(m["value"])))
-            except ValueError:
-                continue
-    return out
-
-
 @dataclass
 class Sampler:
     """Once a second: every replica's running/waiting/tokens/received, and the gateway's deployment
-    state and cooldown counters (per api_base)."""
+    state (per api_base and per series), cooldown counters (per api_base) and admission gauges."""
 
     replicas: dict[str, str]  # name -> base URL
     gateway: str
@@ -234,15 +219,7 @@ class Sampler:
 
     async def _gateway(self, session: aiohttp.ClientSession) -> dict[str, Any]:
         _, text = await self._get(session, self.gateway + "/metrics/")  # the proxy redirects /metrics
-        state: dict[str, float] = {}
-        cooled: dict[str, float] = {}
-        for name, labels, value in parse_metrics(text):
-            base = labels.get("api_base", "")
-            if name == "litellm_deployment_state":
-                state[base] = max(state.get(base, 0.0), value)
-            elif name == "litellm_deployment_cooled_down_total":
-                cooled[base] = cooled.get(base, 0.0) + value
-        return {"state": state, "cooled_down": cooled}
+        return gateway_row(text)
 
 
 def to_json(results: list[Result]) -> list[dict[str, Any]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import difflib
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -79,22 +78,6 @@ def labctl_port_clashes(ports: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def labctl_unknown_vars(names: list[str], prefix: str, options: dict[str, Any]) -> list[str]:
-    """Variables that carry a role's prefix but are not among its options, with a likely fix."""
-    known = sorted(options)
-    problems = []
-    for name in sorted(n for n in names if n.startswith(prefix) and n not in options):
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        problems.append(f"unknown variable {name}{hint}")
-    return problems
-
-
-def labctl_spec_optional(options: dict[str, Any]) -> dict[str, Any]:
-    """An argument spec with `required` dropped: defaults fill those in when the role runs."""
-    return {name: {k: v for k, v in spec.items() if k != "required"} for name, spec in options.items()}
-
-
 def labctl_dashboard_defaults(dashboard: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     """A copy of a Grafana dashboard whose textbox/constant/custom variables named in `values`
     default to those values (e.g. the gateway dashboard's US$ per million tokens).
@@ -126,7 +109,5 @@ class FilterModule:
             "labctl_replica_plan": labctl_replica_plan,
             "labctl_restart_queue": labctl_restart_queue,
             "labctl_port_clashes": labctl_port_clashes,
-            "labctl_unknown_vars": labctl_unknown_vars,
-            "labctl_spec_optional": labctl_spec_optional,
             "labctl_dashboard_defaults": labctl_dashboard_defaults,
         }

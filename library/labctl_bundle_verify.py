@@ -31,6 +31,19 @@ options:
     description: Files hashed in parallel.
     type: int
     default: 4
+  stamp_dir:
+    description:
+      - Directory for the record of the last good verification of each bundle (one file per content
+        digest, 0600 in a 0700 directory). A file whose size, mtime, ctime, inode and device are the
+        recorded ones is not hashed again; the signature, the manifest, sizes, missing and extra
+        files are checked every time. Empty hashes every file and records nothing.
+      - Not written in check mode.
+    type: path
+    default: ""
+  rehash:
+    description: Hash every file even when it matches the record in I(stamp_dir) (which is then renewed).
+    type: bool
+    default: false
 author:
   - labctl maintainers
 """
@@ -59,6 +72,10 @@ files:
   description: Number of files verified.
   returned: success
   type: int
+hashed:
+  description: Number of files whose content was hashed in this run (the others matched the stamp).
+  returned: success
+  type: int
 problems:
   description: Every problem found (kind, path, detail).
   returned: always
@@ -68,7 +85,7 @@ problems:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.labctl_bundle import verify_bundle
+from ansible.module_utils.labctl_bundle import verify_bundle, write_stamp
 
 
 def main() -> None:
@@ -78,6 +95,8 @@ def main() -> None:
             "fingerprint": {"type": "str", "default": ""},
             "check_extra": {"type": "bool", "default": True},
             "workers": {"type": "int", "default": 4},
+            "stamp_dir": {"type": "path", "default": ""},
+            "rehash": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -91,6 +110,7 @@ def main() -> None:
         check_extra=module.params["check_extra"],
         workers=module.params["workers"],
         gpgv=gpgv,
+        stamp_dir=None if module.params["rehash"] else (module.params["stamp_dir"] or None),
     )
     problems = [p.message() for p in report.problems]
     if not report.ok:
@@ -98,6 +118,13 @@ def main() -> None:
             msg=f"bundle {path} failed verification ({len(problems)} problem(s)): " + "; ".join(problems),
             problems=[vars(p) for p in report.problems],
         )
+    # Nothing hashed: every file matched the record, which stays as it is.
+    if module.params["stamp_dir"] and not module.check_mode and (report.files_hashed or module.params["rehash"]):
+        try:
+            write_stamp(module.params["stamp_dir"], report)
+        except OSError as exc:
+            module.warn(f"could not record the verification in {module.params['stamp_dir']}: {exc}; "
+                        "the next run hashes every file again")
     manifest = report.manifest or {}
     module.exit_json(
         changed=False,
@@ -105,6 +132,7 @@ def main() -> None:
         content_digest=manifest.get("content_digest", ""),
         fingerprint=report.fingerprint,
         files=len(manifest.get("files", [])),
+        hashed=report.files_hashed,
         profile=manifest.get("profile", ""),
         components=sorted(manifest.get("components", {})),
         problems=[],

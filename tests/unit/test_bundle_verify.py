@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,47 @@ def test_unsafe_manifest_path(bundle: Path) -> None:
     _rewrite_manifest(bundle, edit)
     kinds = {(p.kind, p.path) for p in verifycore.verify_bundle(str(bundle)).problems}
     assert ("manifest", "../outside") in kinds
+
+
+def test_stamp_skips_hashing_only_files_that_are_untouched(bundle: Path, tmp_path: Path) -> None:
+    stamps = tmp_path / "stamps"
+    first = verifycore.verify_bundle(str(bundle), stamp_dir=str(stamps))
+    assert first.ok and first.files_hashed == first.files_checked > 3
+    written = Path(verifycore.write_stamp(str(stamps), first))
+    assert written.parent == stamps and oct(written.stat().st_mode & 0o777) == "0o600"
+    assert oct(stamps.stat().st_mode & 0o777) == "0o700"
+
+    again = verifycore.verify_bundle(str(bundle), stamp_dir=str(stamps))
+    assert again.ok and again.files_hashed == 0 and again.files_checked == first.files_checked
+    assert verifycore.verify_bundle(str(bundle)).files_hashed == first.files_checked  # no stamp_dir: all
+
+    # One byte changed in place, with its mtime put back (touch -r): ctime still moved, so it is hashed.
+    rel = "apt/pool/labctl-test-lib_2.0-1_amd64.deb"
+    target = bundle / rel
+    before = target.stat()
+    flip_byte(target)
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+    report = verifycore.verify_bundle(str(bundle), stamp_dir=str(stamps))
+    assert report.files_hashed == 1
+    assert [(p.kind, p.path) for p in report.problems] == [("modified", rel)]
+
+
+def test_stamp_of_another_signing_key_or_bundle_is_ignored(bundle: Path, tmp_path: Path) -> None:
+    stamps = tmp_path / "stamps"
+    first = verifycore.verify_bundle(str(bundle))
+    verifycore.write_stamp(str(stamps), first)
+    digest = str(first.manifest["content_digest"]) if first.manifest else ""
+    stamp = Path(verifycore.stamp_file(str(stamps), digest))
+    data = json.loads(stamp.read_text())
+    data["fingerprint"] = "0" * 40
+    stamp.write_text(json.dumps(data))
+    assert verifycore.verify_bundle(str(bundle), stamp_dir=str(stamps)).files_hashed == first.files_checked
+    stamp.write_text("not json")
+    assert verifycore.verify_bundle(str(bundle), stamp_dir=str(stamps)).files_hashed == first.files_checked
+
+
+def test_a_failed_verification_gets_no_stamp(bundle: Path, tmp_path: Path) -> None:
+    (bundle / "apt" / "pool" / "evil.deb").write_bytes(b"evil")
+    report = verifycore.verify_bundle(str(bundle))
+    with pytest.raises(ValueError):
+        verifycore.write_stamp(str(tmp_path), report)

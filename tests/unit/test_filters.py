@@ -24,19 +24,6 @@ def test_port_clashes_name_every_user_of_a_port() -> None:
     assert filters.labctl_port_clashes(filters.labctl_replica_ports(8000, 2)) == []
 
 
-def test_unknown_vars_suggest_the_intended_name() -> None:
-    options = {"nvidia_driver_branch": {}, "nvidia_driver_version": {}}
-    names = ["nvidia_driver_brnach", "nvidia_driver_version", "lab_bundle_dir"]
-    assert filters.labctl_unknown_vars(names, "nvidia_driver_", options) == [
-        "unknown variable nvidia_driver_brnach (did you mean nvidia_driver_branch?)"
-    ]
-
-
-def test_spec_optional_drops_required_only() -> None:
-    spec = {"a": {"type": "str", "required": True, "choices": ["x"]}}
-    assert filters.labctl_spec_optional(spec) == {"a": {"type": "str", "choices": ["x"]}}
-
-
 def test_replica_plan_one_per_gpu_with_distinct_names() -> None:
     plan = filters.labctl_replica_plan(2, 1, 0, 8000, "gpt-oss-120b", "gpu01.lab.example")
     assert [(r["index"], r["port"], r["gpus"], r["served_model_name"], r["url"]) for r in plan] == [

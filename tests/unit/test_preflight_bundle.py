@@ -88,3 +88,28 @@ def test_typo_that_misses_every_prefix_is_named_with_the_declared_variable() -> 
         "unknown variable litelm_port (did you mean litellm_port?)",
         "unknown variable vlm_replicas (did you mean vllm_replicas?)",
     ]
+
+
+def _specs() -> dict[str, Any]:
+    roles = ["vllm", "nvidia_driver", "model_weights"]
+    out = {"lab": yaml.safe_load((REPO / "roles" / "preflight" / "files" / "project_argument_specs.yml").read_text())}
+    out.update({r: yaml.safe_load((REPO / "roles" / r / "meta" / "argument_specs.yml").read_text()) for r in roles})
+    return {k: v["argument_specs"]["main"]["options"] for k, v in out.items()}
+
+
+def test_variable_problems_check_every_role_in_one_pass() -> None:
+    given = {"nvidia_driver_kernel_modules": "closed", "nvidia_driver_brnach": "575", "vllm_replicas": "two",
+             "lab_vllm_replicas": 2, "vllm_max_model_len": 32768}
+    names = [*given, "vlm_max_model_len", "ansible_host", "inventory_hostname"]
+    problems = bundle.labctl_preflight_variable_problems(given, _specs(), names)
+    assert any("nvidia_driver_kernel_modules" in p and "open" in p for p in problems), problems
+    assert "unknown variable nvidia_driver_brnach (did you mean nvidia_driver_branch?)" in problems
+    assert any("vllm_replicas" in p and "int" in p for p in problems), problems
+    assert problems[-1] == "unknown variable vlm_max_model_len (did you mean vllm_max_model_len?)"
+    # A required option (model_weights_models) is not demanded: the role's defaults fill it in when it runs.
+    assert bundle.labctl_preflight_variable_problems({}, _specs(), []) == []
+
+
+def test_variable_problems_accept_valid_values() -> None:
+    given = {"lab_vllm_replicas": 2, "vllm_max_model_len": 32768, "nvidia_driver_kernel_modules": "open"}
+    assert bundle.labctl_preflight_variable_problems(given, _specs(), list(given)) == []

@@ -109,10 +109,11 @@ def test_tampered_bundle_on_target_is_refused_before_any_change(host):
     host.run_test(f"printf X | dd of=/srv/tampered/wheels/{wheel} bs=1 seek=100 conv=notrunc status=none")
     before = _state(host)
     result = _converge("-e", "airgap_bundle_source=target", "-e", "airgap_bundle_dir=/srv/tampered")
+    # Read before the copy goes: its removal moves /srv's mtime, which the listing shows as "..".
+    after = _state(host)
     host.run_test("rm -rf /srv/tampered")
     assert result.returncode != 0
     assert f"modified: wheels/{wheel}" in result.stdout + result.stderr
-    after = _state(host)
     assert after == before, "\n".join(difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm=""))
 
 
@@ -122,3 +123,36 @@ def test_bundle_signed_by_another_key_is_refused(host):
     assert result.returncode != 0
     assert "fingerprint" in result.stdout + result.stderr
     assert _state(host) == before
+
+
+def _verify(host_pattern: str, path: str, *extra: str, check: bool = False) -> dict:
+    """The role's verification module run on its own (ad hoc), as the role calls it; its JSON result."""
+    inventory = ["-i", os.environ["MOLECULE_INVENTORY_FILE"]] if host_pattern != "localhost" else []
+    args = f"path={path} fingerprint={os.environ['LABCTL_BUNDLE_FINGERPRINT']} " + " ".join(extra)
+    cmd = ["ansible", host_pattern, *inventory, "-m", "labctl_bundle_verify", "-a", args, *(["-C"] if check else [])]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, cwd=SCENARIO_DIR.parent.parent)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    # "<host> | SUCCESS => {...}" (ad hoc's minimal output).
+    start = result.stdout.index(" | SUCCESS => ") + len(" | SUCCESS => ")
+    return dict(json.JSONDecoder().raw_decode(result.stdout[start:])[0])
+
+
+def test_a_rerun_hashes_only_files_written_since_the_last_good_verification(host):
+    """The converge and its idempotence run left records on both sides: nothing is hashed again, but a
+    file written since (even with its mtime put back) is, and check mode records nothing."""
+    stamp = "stamp_dir=/var/lib/labctl/verified"
+    files = len(_manifest()["files"])
+    assert _verify("all", BUNDLE_DIR, stamp)["hashed"] == 0
+    control = _verify("localhost", os.environ["LABCTL_BUNDLE"], "stamp_dir=~/.cache/labctl/verified")
+    assert (control["hashed"], control["files"]) == (0, files)
+
+    wheel = host.check_output(f"ls {BUNDLE_DIR}/wheels | head -1")
+    # Same bytes written back and the mtime restored: only the ctime tells.
+    host.run_test(f"f={BUNDLE_DIR}/wheels/{wheel}; m=$(stat -c %y \"$f\"); cp -p \"$f\" /tmp/w && cat /tmp/w > \"$f\" "
+                  f"&& touch -d \"$m\" \"$f\" && rm /tmp/w")
+    assert _verify("all", BUNDLE_DIR, stamp, check=True)["hashed"] == 1
+    assert _verify("all", BUNDLE_DIR, stamp, check=True)["hashed"] == 1  # check mode wrote no record
+    assert _verify("all", BUNDLE_DIR, stamp)["hashed"] == 1
+    assert _verify("all", BUNDLE_DIR, stamp)["hashed"] == 0
+    full = _verify("all", BUNDLE_DIR, stamp, "rehash=true")
+    assert full["hashed"] == files

@@ -1,4 +1,5 @@
-"""Preflight's filters: variable names that are typos of declared ones, and the bundle manifest
+"""Preflight's filters: the variables the inventory gives against every role's argument spec (in one
+pass: one task, not three per role), variable names that are typos of declared ones, and the bundle manifest
 (is the served model there, are the tiktoken files the ones openai-harmony pins, how many bytes
 of the model the target still has to receive).
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import difflib
 import re
 from typing import Any
+
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 
 def _files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -87,6 +90,29 @@ def labctl_preflight_misspelled(names: list[str], known: list[str], prefixes: li
     return problems
 
 
+def labctl_preflight_variable_problems(given: dict[str, Any], specs: dict[str, dict[str, Any]], names: list[str]) -> list[str]:
+    """Every problem with the variables the inventory and extra vars give (`given`: name -> value), for
+    each prefix in `specs` ("lab" and each role, mapped to its argument spec's options):
+      - the values checked against the spec (types, choices, elements), as validate_argument_spec does,
+        with `required` dropped (the role's defaults fill those in when it runs);
+      - names with the prefix that the spec lacks, with the closest declared name;
+    and, over all of `names` (every host variable), names that miss every prefix but are a typo of a
+    declared name (labctl_preflight_misspelled)."""
+    problems: list[str] = []
+    known: list[str] = []
+    for role, options in specs.items():
+        prefix = role + "_"
+        mine = {k: v for k, v in given.items() if k.startswith(prefix)}
+        optional = {name: {k: v for k, v in spec.items() if k != "required"} for name, spec in options.items()}
+        problems += ArgumentSpecValidator(optional).validate(mine, validate_role_argument_spec=True).error_messages
+        declared = sorted(options)
+        for name in sorted(n for n in mine if n not in options):
+            close = difflib.get_close_matches(name, declared, n=1)
+            problems.append(f"unknown variable {name}" + (f" (did you mean {close[0]}?)" if close else ""))
+        known += declared
+    return problems + labctl_preflight_misspelled(names, known, [role + "_" for role in specs])
+
+
 class FilterModule:
     """Preflight's bundle filters."""
 
@@ -97,4 +123,5 @@ class FilterModule:
             "labctl_preflight_tiktoken_problems": labctl_preflight_tiktoken_problems,
             "labctl_preflight_model_bytes": labctl_preflight_model_bytes,
             "labctl_preflight_misspelled": labctl_preflight_misspelled,
+            "labctl_preflight_variable_problems": labctl_preflight_variable_problems,
         }

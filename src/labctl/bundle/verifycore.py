@@ -56,6 +56,10 @@ class Report:
     fingerprint: Optional[str] = None
     files_checked: int = 0
     bytes_checked: int = 0
+    # Files whose content was hashed in this run (the others matched the stamp of an earlier good run).
+    files_hashed: int = 0
+    # path -> [sha256, size, mtime_ns, ctime_ns, inode, device] of every listed file that verified.
+    verified: Dict[str, List[Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -72,6 +76,7 @@ class Report:
             "content_digest": manifest.get("content_digest"),
             "files_checked": self.files_checked,
             "bytes_checked": self.bytes_checked,
+            "files_hashed": self.files_hashed,
         }
 
 
@@ -177,23 +182,75 @@ def _listed_files(manifest: Dict[str, Any], problems: List[Problem]) -> List[Dic
     return good
 
 
-def _check_file(root: str, entry: Dict[str, Any]) -> Tuple[Optional[Problem], int]:
+def _stat_key(full: str) -> List[int]:
+    """What changes whenever a file's content is written through the file system: size and mtime, and
+    ctime and inode, which no user-level tool can set back (touch -r restores mtime, not ctime)."""
+    st = os.stat(full)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _check_file(
+    root: str, entry: Dict[str, Any], known: Dict[str, List[Any]]
+) -> Tuple[Optional[Problem], int, Optional[List[Any]], bool]:
+    """(problem, size, the file's [sha256, *stat key] when it verified, whether it was hashed)."""
     path = entry["path"]
     full = os.path.join(root, *path.split("/"))
     try:
         if os.path.islink(full) or not os.path.isfile(full):
             if os.path.lexists(full):
-                return Problem("modified", path, "not a regular file"), 0
-            return Problem("missing", path, ""), 0
-        size = os.path.getsize(full)
+                return Problem("modified", path, "not a regular file"), 0, None, False
+            return Problem("missing", path, ""), 0, None, False
+        key = _stat_key(full)
+        size = key[0]
         if size != entry["size"]:
-            return Problem("size", path, "expected %d bytes, found %d" % (entry["size"], size)), 0
+            return Problem("size", path, "expected %d bytes, found %d" % (entry["size"], size)), 0, None, False
+        expected = entry["sha256"].lower()
+        if known.get(path) == [expected] + key:
+            return None, size, [expected] + key, False
         found = sha256_file(full)
     except OSError as exc:
-        return Problem("missing", path, "unreadable: %s" % exc.strerror), 0
-    if found != entry["sha256"].lower():
-        return Problem("modified", path, "sha256 expected %s, found %s" % (entry["sha256"], found)), size
-    return None, size
+        return Problem("missing", path, "unreadable: %s" % exc.strerror), 0, None, False
+    if found != expected:
+        return Problem("modified", path, "sha256 expected %s, found %s" % (entry["sha256"], found)), size, None, True
+    return None, size, [expected] + key, True
+
+
+def stamp_file(stamp_dir: str, digest: str) -> str:
+    return os.path.join(stamp_dir, "bundle-%s.json" % digest)
+
+
+def read_stamp(stamp_dir: str, digest: Any, fingerprint: Optional[str]) -> Dict[str, List[Any]]:
+    """The files of an earlier good verification of the bundle with this content digest and signing key
+    (see write_stamp); empty when there is none or it does not parse."""
+    if not isinstance(digest, str) or len(digest) != 64 or not fingerprint:
+        return {}
+    try:
+        with open(stamp_file(stamp_dir, digest), "rb") as handle:
+            data = json.loads(handle.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("content_digest") != digest or data.get("fingerprint") != fingerprint:
+        return {}
+    files = data.get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def write_stamp(stamp_dir: str, report: Report) -> str:
+    """Record a good verification: for each file, its sha256 with its size, mtime, ctime, inode and
+    device. A later verify_bundle(stamp_dir=...) hashes only the files whose record no longer matches.
+    Written atomically, 0600 in a 0700 directory. Returns the file written."""
+    if not report.ok or report.manifest is None:
+        raise ValueError("only a bundle that verified gets a stamp")
+    digest = str(report.manifest.get("content_digest"))
+    os.makedirs(stamp_dir, mode=0o700, exist_ok=True)
+    final = stamp_file(stamp_dir, digest)
+    tmp = "%s.%d.tmp" % (final, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"content_digest": digest, "fingerprint": report.fingerprint, "root": report.root,
+                   "files": report.verified}, handle, sort_keys=True)
+    os.replace(tmp, final)
+    return final
 
 
 def _present_files(root: str) -> List[str]:
@@ -214,12 +271,18 @@ def verify_bundle(
     workers: int = 4,
     on_file: Optional[Callable[[str, int], None]] = None,
     gpgv: str = "gpgv",
+    stamp_dir: Optional[str] = None,
 ) -> Report:
     """Check a bundle's signature, fingerprint and every file.
 
     ``on_file(path, size)`` is called once per listed file after it was checked
     (from the calling thread). The report is ok only when there is no problem
     and the manifest signature verified.
+
+    With ``stamp_dir``, a file whose sha256, size, mtime, ctime, inode and device
+    are those a good earlier run recorded there (write_stamp) for the same
+    content digest and signing key is not hashed again. The signature, the
+    manifest, sizes, missing and extra files are checked every time.
     """
     report = Report(root=root)
     manifest_path = os.path.join(root, MANIFEST)
@@ -267,11 +330,15 @@ def verify_bundle(
             Problem("manifest", MANIFEST, "content_digest %s does not match the listed files" % expected_digest)
         )
 
+    known = read_stamp(stamp_dir, expected_digest, report.fingerprint) if stamp_dir else {}
     file_problems: List[Problem] = []
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for entry, (problem, size) in zip(files, pool.map(lambda e: _check_file(root, e), files)):
+        for entry, (problem, size, record, hashed) in zip(files, pool.map(lambda e: _check_file(root, e, known), files)):
             report.files_checked += 1
             report.bytes_checked += size
+            report.files_hashed += int(hashed)
+            if record is not None:
+                report.verified[entry["path"]] = record
             if problem is not None:
                 file_problems.append(problem)
             if on_file is not None:
