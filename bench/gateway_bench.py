@@ -84,8 +84,8 @@ def scale_times(node: Any) -> Any:
     return node
 
 
-def project_config() -> dict[str, Any]:
-    out = subprocess.run([str(LABCTL), "gateway-config", "-i", str(INVENTORY)], check=True, capture_output=True,
+def project_config(inventory: Path = INVENTORY) -> dict[str, Any]:
+    out = subprocess.run([str(LABCTL), "gateway-config", "-i", str(inventory)], check=True, capture_output=True,
                          text=True, cwd=REPO)
     return yaml.safe_load(out.stdout)
 
@@ -416,10 +416,13 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=8)
     parser.add_argument("--quick", action="store_true", help="a ~3-minute timeline per setting (development)")
     parser.add_argument("--settings", default="lab,project")
+    parser.add_argument("--inventory", type=Path, default=INVENTORY,
+                        help="the inventory `labctl gateway-config` renders the project's settings from (a variant of "
+                             "bench/inventory, e.g. with another litellm_admission_overcommit)")
     args = parser.parse_args()
     tl = timeline(0.4 if args.quick else 1.0)
     args.out.mkdir(parents=True, exist_ok=True)
-    project = project_config()
+    project = project_config(args.inventory)
     replicas = replicas_of(project)
     public = project["model_list"][0]["model_name"]
     batch = next((d["model_name"] for d in project["model_list"] if d["model_name"] != public), public)
