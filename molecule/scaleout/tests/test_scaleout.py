@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tests"))
+
+from gateway_requests import chat_codes_script  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 GW = "labctl-scaleout-gw"
 GPU_HOSTS = ["labctl-scaleout-gpu1", "labctl-scaleout-gpu2"]
@@ -80,22 +85,7 @@ for url in {urls!r}:
 
 
 def _through_gateway(n: int) -> list[int]:
-    code = f"""
-import json, urllib.request, urllib.error
-key = next(l.split("=", 1)[1].strip() for l in open({ENV_FILE!r}) if l.startswith("LITELLM_MASTER_KEY="))
-codes = []
-for i in range({n}):
-    body = json.dumps({{"model": {PUBLIC!r}, "messages": [{{"role": "user", "content": "count to " + str(i)}}], "max_tokens": 8}}).encode()
-    req = urllib.request.Request("http://127.0.0.1:4000/v1/chat/completions", data=body,
-                                 headers={{"Content-Type": "application/json", "Authorization": "Bearer " + key}})
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            r.read(); codes.append(r.status)
-    except urllib.error.HTTPError as e:
-        codes.append(e.code)
-print(json.dumps(codes))
-"""
-    return json.loads(_py(GW, code))
+    return json.loads(_py(GW, chat_codes_script(ENV_FILE, PUBLIC, n, timeout=300)))
 
 
 def _targets() -> list[dict]:

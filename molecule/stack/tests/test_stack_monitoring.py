@@ -21,6 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests"))
 
+from gateway_requests import chat_codes_script  # noqa: E402
 from promql_sources import Query, dashboard_queries, rule_queries, selectors  # noqa: E402
 from test_stack import _py, _site  # noqa: E402 - the scenario's helpers (same directory)
 
@@ -58,23 +59,7 @@ def _get(host, path: str) -> dict:
 
 
 def _chat(host, n: int, max_tokens: int = 8, stream: bool = False, model: str = PUBLIC) -> list[int]:
-    code = f"""
-import json, urllib.request, urllib.error
-key = next(l.split("=", 1)[1].strip() for l in open({ENV_FILE!r}) if l.startswith("LITELLM_MASTER_KEY="))
-codes = []
-for i in range({n}):
-    body = json.dumps({{"model": {model!r}, "messages": [{{"role": "user", "content": "count to " + str(i)}}],
-                       "max_tokens": {max_tokens}, "stream": {stream!r}}}).encode()
-    req = urllib.request.Request("http://127.0.0.1:4000/v1/chat/completions", data=body,
-                                 headers={{"Content-Type": "application/json", "Authorization": "Bearer " + key}})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            r.read(); codes.append(r.status)
-    except urllib.error.HTTPError as e:
-        codes.append(e.code)
-print(json.dumps(codes))
-"""
-    return json.loads(_py(host, code))
+    return json.loads(_py(host, chat_codes_script(ENV_FILE, model, n, max_tokens, stream)))
 
 
 def _wait_targets_up(host, timeout: float = 90) -> list[dict]:
