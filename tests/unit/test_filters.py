@@ -66,5 +66,7 @@ def test_dashboard_defaults_set_the_spend_prices_of_the_shipped_dashboard() -> N
     assert variables["usd_per_mtok_output"]["current"]["text"] == "0.8"
     assert json.loads(path.read_text()) == dashboard, "the input is not modified"
     assert filters.labctl_dashboard_defaults(dashboard, {}) == dashboard
+    # The role hands over the JSON text (parsed here, no deep copy of Ansible's lazy containers).
+    assert filters.labctl_dashboard_defaults(path.read_text(), {"usd_per_mtok_input": 0.2, "usd_per_mtok_output": "0.8"}) == changed
     with pytest.raises(AnsibleFilterError, match="no variable.*usd_per_mtok_inptu"):
         filters.labctl_dashboard_defaults(dashboard, {"usd_per_mtok_inptu": 1})

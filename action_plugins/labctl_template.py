@@ -1,0 +1,106 @@
+# -*- coding: utf-8 -*-
+"""Action plugin: ansible.builtin.template with a one-call answer when the file is already current.
+
+Documentation and argument spec: library/labctl_template.py (a stub module for ansible-doc and
+ansible-lint).
+
+ansible.builtin.template costs five calls on the target for a file that is already right: the home
+directory, a temporary directory, stat, file (owner, group, mode) and removing the directory. A
+no-op re-run of site.yml writes about sixty files, so most of its time went there. This action
+renders the template on the control node exactly as the builtin does, and asks the target once
+(labctl_file_state) whether the file already has that content, owner, group and mode. If it has,
+the task is done: ok, nothing changed. In every other case, and for any argument beyond the plain
+ones (src, dest, owner, group, mode, validate, backup, the Jinja2 delimiters), the task is handed unchanged to
+ansible.builtin.template, which writes, validates, backs up, diffs and reports as usual. So the
+fast path can only ever say "unchanged" for a file that is byte for byte what the builtin would
+write, with the same attributes; a file it is unsure of goes the builtin's way.
+
+With ``content`` instead of ``src`` the file holds exactly that text, as ansible.builtin.copy writes
+it (a generated JSON dashboard, which cannot carry an ansible_managed comment); the fallback is then
+ansible.builtin.copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import typing as t
+
+from ansible.errors import AnsibleError
+from ansible.module_utils.common.text.converters import to_bytes
+from ansible.plugins.action import ActionBase
+from ansible.template import trust_as_template
+
+try:  # The variables the builtin template action adds (ansible_managed, template_*).
+    from ansible._internal._templating._template_vars import generate_ansible_template_vars
+except ImportError:  # pragma: no cover - another ansible-core: every task takes the builtin's path
+    generate_ansible_template_vars = None
+
+# Jinja2 delimiters a task may set, passed to the renderer as the builtin passes them.
+DELIMITERS = ("variable_start_string", "variable_end_string", "block_start_string", "block_end_string",
+              "comment_start_string", "comment_end_string")
+# Arguments the fast path understands; any other sends the task to the builtin.
+FAST_ARGS = frozenset(("src", "dest", "owner", "group", "mode", "validate", "backup", *DELIMITERS))
+# With content instead of src the task is ansible.builtin.copy's (a file with exactly that text).
+CONTENT_ARGS = frozenset(("content", "dest", "owner", "group", "mode", "validate", "backup"))
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = True
+    _supports_check_mode = True
+    _supports_async = False
+
+    def run(self, tmp: t.Any = None, task_vars: dict[str, t.Any] | None = None) -> dict[str, t.Any]:
+        task_vars = task_vars if task_vars is not None else {}
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        builtin = "ansible.builtin.copy" if "content" in args else "ansible.builtin.template"
+        if "content" in args:
+            content = args["content"]
+            fast = set(args) <= CONTENT_ARGS and isinstance(content, str) and isinstance(args.get("dest"), str)
+            rendered = to_bytes(content, errors="surrogate_or_strict") if fast else None
+        else:
+            rendered = self._render(args, task_vars) if set(args) <= FAST_ARGS else None
+        if rendered is not None:
+            want = {"path": args["dest"], "checksum": hashlib.sha1(rendered).hexdigest(),
+                    **{key: args[key] for key in ("owner", "group", "mode") if args.get(key) is not None}}
+            answer = self._execute_module(module_name="labctl_file_state", module_args={"files": [want]},
+                                          task_vars=task_vars)
+            state = (answer.get("files") or [{}])[0] if not answer.get("failed") else {}
+            if state.get("current"):
+                for key in ("path", "checksum", "state", "size", "uid", "gid", "owner", "group", "mode"):
+                    result[key] = state[key]
+                result.update(dest=state["path"], changed=False, answered_by="labctl_file_state")
+                return result
+        return self._builtin(builtin, task_vars)
+
+    def _render(self, args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> bytes | None:
+        """The bytes ansible.builtin.template would write, or None when in doubt (the builtin decides)."""
+        src, dest = args.get("src"), args.get("dest")
+        if generate_ansible_template_vars is None or not isinstance(src, str) or not isinstance(dest, str):
+            return None
+        try:
+            source = self._find_needle("templates", src)
+            data = trust_as_template(self._loader.get_text_file_contents(source))
+            search: list[str] = []
+            for path in [*task_vars.get("ansible_search_path", []), self._loader._basedir, os.path.dirname(source)]:
+                search += [os.path.join(path, "templates"), path]
+            variables = dict(task_vars)
+            variables.update(generate_ansible_template_vars(
+                path=src, fullpath=source, dest_path=dest,
+                include_ansible_managed="ansible_managed" not in variables))
+            templar = self._templar.copy_with_new_env(searchpath=search, available_variables=variables)
+            overrides = {"trim_blocks": True, "lstrip_blocks": False, "newline_sequence": "\n",
+                         **{key: args[key] for key in DELIMITERS if key in args}}
+            text = templar.template(data, escape_backslashes=False, overrides=overrides)
+        except AnsibleError:
+            return None  # the builtin reports the error in its own words
+        return to_bytes("" if text is None else str(text), encoding="utf-8", errors="surrogate_or_strict")
+
+    def _builtin(self, name: str, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
+        action = self._shared_loader_obj.action_loader.get(
+            name, task=self._task.copy(), connection=self._connection,
+            play_context=self._play_context, loader=self._loader, templar=self._templar,
+            shared_loader_obj=self._shared_loader_obj)
+        return t.cast(dict[str, t.Any], action.run(task_vars=task_vars))

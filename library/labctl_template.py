@@ -1,0 +1,107 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Documentation stub of the labctl_template action plugin (action_plugins/labctl_template.py)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: labctl_template
+short_description: ansible.builtin.template, answered in one call when the file is already current
+description:
+  - An action plugin (runs on the control node) with the arguments of M(ansible.builtin.template)
+    that the project uses.
+  - It renders O(src) as the builtin does and asks the target once (M(labctl_file_state)) whether
+    O(dest) already holds exactly that content with O(owner), O(group) and O(mode). If so the task
+    is ok and unchanged after that one call; the builtin needs five on the target (home
+    directory, temporary directory, stat, file, cleanup).
+  - Otherwise, or with an argument not listed here, the task is handed unchanged to
+    M(ansible.builtin.template), which writes, validates, diffs and reports. Check mode and diff
+    mode behave as the builtin's.
+  - Exactly one of O(src) and O(content) is given.
+  - This file only documents the arguments (for ansible-doc and ansible-lint); running it as a
+    module fails.
+options:
+  src:
+    description: The Jinja2 template, looked up in the role's C(templates/) like the builtin's.
+    type: path
+  content:
+    description:
+      - Instead of O(src), the exact text of the file, as M(ansible.builtin.copy)'s C(content) (for
+        a generated file that cannot carry a comment, such as a JSON dashboard). The fallback is
+        then M(ansible.builtin.copy).
+    type: str
+  dest:
+    description: The file on the target.
+    type: path
+    required: true
+  owner:
+    description: Owner of the file.
+    type: str
+  group:
+    description: Group of the file.
+    type: str
+  mode:
+    description: Octal permission bits, quoted (C("0644")).
+    type: raw
+  validate:
+    description: Command that checks the new file (C(%s) is its path) before it replaces O(dest).
+    type: str
+  backup:
+    description: Keep a timestamped copy of the file it replaces.
+    type: bool
+    default: false
+  variable_start_string:
+    description: Jinja2's variable start, as in M(ansible.builtin.template).
+    type: str
+  variable_end_string:
+    description: Jinja2's variable end.
+    type: str
+  block_start_string:
+    description: Jinja2's block start.
+    type: str
+  block_end_string:
+    description: Jinja2's block end.
+    type: str
+  comment_start_string:
+    description: Jinja2's comment start.
+    type: str
+  comment_end_string:
+    description: Jinja2's comment end.
+    type: str
+author:
+  - labctl
+"""
+
+EXAMPLES = r"""
+- name: Write the systemd template unit
+  labctl_template:
+    src: vllm@.service.j2
+    dest: /etc/systemd/system/vllm@.service
+    owner: root
+    group: root
+    mode: "0644"
+  notify: Reload systemd
+"""
+
+RETURN = r"""
+changed:
+  description: Whether the file was written or its attributes set.
+  returned: always
+  type: bool
+checksum:
+  description: SHA-1 of the file's content.
+  returned: success
+  type: str
+answered_by:
+  description: C(labctl_file_state) when the one-call check found the file current (absent when the builtin ran).
+  returned: when the file was current
+  type: str
+"""
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(json.dumps({"failed": True, "msg": "labctl_template is an action plugin: run it from a playbook"}))
+    sys.exit(1)

@@ -1,0 +1,199 @@
+"""labctl_template and labctl_directories on this machine (connection local): the one-call answer for
+files and directories that are current, and the builtin's behaviour (write, validate, check mode,
+diff) for every other case."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO / "library"))
+
+import labctl_file_state  # noqa: E402
+
+TEMPLATE = """{{ ansible_managed | comment }}
+name={{ name }}
+{% for port in ports %}
+port={{ port }}
+{% endfor %}
+{% if extra %}
+extra=yes
+{% endif %}
+"""
+# Prometheus-style rules: [[ ]] are Jinja's, {{ }} stay in the file.
+RULES = "[[ ansible_managed | comment ]]\nexpr: rate(x{job=\"[[ name ]]\"}[5m]) > {{ $value }}\n"
+
+
+def run(tmp_path: Path, tasks: list[dict[str, Any]], *extra: str, variables: dict[str, Any] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "templates").mkdir(exist_ok=True)
+    (tmp_path / "templates" / "app.conf.j2").write_text(TEMPLATE)
+    (tmp_path / "templates" / "rules.yml.j2").write_text(RULES)
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(json.dumps([{"name": "Files", "hosts": "localhost", "connection": "local",
+                                     "gather_facts": False, "tasks": tasks}]))
+    values = {"name": "svc", "ports": [1, 2], "extra": False, "root": str(tmp_path / "t"),
+              "ansible_python_interpreter": sys.executable, **(variables or {})}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / ".ansible-tmp"), ANSIBLE_HOME=str(tmp_path / ".ansible"),
+               ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    cmd = [str(BIN / "ansible-playbook"), "-i", "localhost,", str(playbook), "-e", json.dumps(values), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300, check=False)
+
+
+def recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    line = next(line for line in result.stdout.splitlines() if line.startswith("localhost") and "ok=" in line)
+    return {k: int(v) for k, v in (part.split("=") for part in line.split(":", 1)[1].split())}
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    return result
+
+
+def template_task(module: str, dest: str, src: str = "app.conf.j2", **more: Any) -> dict[str, Any]:
+    return {"name": f"{module} {dest}", module: {"src": src, "dest": "{{ root }}/" + dest, "owner": "root",
+                                                "group": "root", "mode": "0640", **more}, "register": "out",
+            }
+
+
+def show(var: str = "out") -> dict[str, Any]:
+    return {"name": "Show", "ansible.builtin.debug": {"msg": "RESULT {{ " + var + " | to_json }}"}}
+
+
+def shown(result: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    out = []
+    for line in result.stdout.splitlines():
+        if '"msg": "RESULT ' in line:
+            out.append(json.loads(json.loads("{" + line.strip() + "}")["msg"][len("RESULT "):]))
+    return out
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "t").mkdir()
+    return tmp_path / "t"
+
+
+def test_a_file_the_builtin_wrote_is_answered_in_one_call(tmp_path: Path, root: Path) -> None:
+    # The builtin writes both files; labctl_template must find them current (its own rendering equals
+    # the builtin's byte for byte, with ansible_managed, trim_blocks and other delimiters).
+    tasks = [template_task("ansible.builtin.template", "app.conf"),
+             template_task("ansible.builtin.template", "rules.yml", src="rules.yml.j2",
+                           variable_start_string="[[", variable_end_string="]]"),
+             template_task("labctl_template", "app.conf"), show(),
+             template_task("labctl_template", "rules.yml", src="rules.yml.j2",
+                           variable_start_string="[[", variable_end_string="]]"), show()]
+    result = ok(run(tmp_path, tasks))
+    assert recap(result)["changed"] == 2, result.stdout
+    for answer in shown(result):
+        assert answer["changed"] is False
+        assert answer["answered_by"] == "labctl_file_state", answer
+    assert "{{ $value }}" in (root / "rules.yml").read_text()
+    assert (root / "app.conf").read_text().endswith("port=1\nport=2\n")
+
+
+def test_write_then_nothing_then_repair_drift(tmp_path: Path, root: Path) -> None:
+    tasks = [template_task("labctl_template", "app.conf"),
+             {"name": "Content", "labctl_template": {"content": "exact\ntext", "dest": "{{ root }}/plain",
+                                                     "owner": "root", "group": "root", "mode": "0600"}}]
+    assert recap(ok(run(tmp_path, tasks)))["changed"] == 2
+    assert (root / "plain").read_bytes() == b"exact\ntext"
+    assert oct((root / "app.conf").stat().st_mode & 0o777) == "0o640"
+    assert recap(ok(run(tmp_path, tasks)))["changed"] == 0
+
+    (root / "app.conf").write_text("edited by hand\n")
+    os.chmod(root / "plain", 0o644)
+    result = ok(run(tmp_path, tasks, "--check", "--diff"))
+    assert recap(result)["changed"] == 2
+    assert "-edited by hand" in result.stdout and "+name=svc" in result.stdout
+    assert (root / "app.conf").read_text() == "edited by hand\n", "check mode changed the file"
+    assert recap(ok(run(tmp_path, tasks)))["changed"] == 2
+    assert "name=svc" in (root / "app.conf").read_text()
+    assert oct((root / "plain").stat().st_mode & 0o777) == "0o600"
+    os.chown(root / "plain", 65534, 0)
+    assert recap(ok(run(tmp_path, tasks)))["changed"] == 1
+    assert (root / "plain").stat().st_uid == 0
+
+    # A changed variable goes the builtin's way and is written.
+    assert recap(ok(run(tmp_path, tasks, variables={"extra": True})))["changed"] == 1
+    assert "extra=yes" in (root / "app.conf").read_text()
+
+
+def test_a_failed_validation_leaves_the_file(tmp_path: Path, root: Path) -> None:
+    ok(run(tmp_path, [template_task("labctl_template", "app.conf")]))
+    before = (root / "app.conf").read_text()
+    result = run(tmp_path, [template_task("labctl_template", "app.conf", validate="/bin/false %s")],
+                 variables={"name": "other"})
+    assert result.returncode != 0 and "failed to validate" in result.stdout, result.stdout[-3000:]
+    assert (root / "app.conf").read_text() == before
+
+
+def test_directories(tmp_path: Path, root: Path) -> None:
+    task = {"name": "Dirs", "labctl_directories": {"directories": [
+        {"path": "{{ root }}/a", "owner": "root", "group": "root", "mode": "0755"},
+        {"path": "{{ root }}/a/b", "owner": "nobody", "group": "root", "mode": "0700"}]}, "register": "out"}
+    result = ok(run(tmp_path, [task, show()]))
+    assert recap(result)["changed"] == 1
+    assert [d["changed"] for d in shown(result)[0]["directories"]] == [True, True]
+    assert oct((root / "a" / "b").stat().st_mode & 0o777) == "0o700" and (root / "a" / "b").stat().st_uid == 65534
+    result = ok(run(tmp_path, [task, show()]))
+    assert recap(result)["changed"] == 0
+    assert [d["changed"] for d in shown(result)[0]["directories"]] == [False, False]
+
+    os.chmod(root / "a", 0o777)
+    result = ok(run(tmp_path, [task], "--check"))
+    assert recap(result)["changed"] == 1 and oct((root / "a").stat().st_mode & 0o777) == "0o777"
+    assert recap(ok(run(tmp_path, [task])))["changed"] == 1
+    assert oct((root / "a").stat().st_mode & 0o777) == "0o755"
+
+
+def test_directories_refuse_an_incomplete_entry(tmp_path: Path) -> None:
+    task = {"name": "Dirs", "labctl_directories": {"directories": [{"path": "{{ root }}/a", "owner": "root",
+                                                                     "group": "root"}]}}
+    result = run(tmp_path, [task])
+    assert result.returncode != 0
+    assert "entry 1 needs exactly path, owner, group and mode" in result.stdout
+
+
+class FakeModule:
+    """What path_state uses of AnsibleModule."""
+
+    def __init__(self, selinux: bool = False) -> None:
+        self.selinux = selinux
+
+    def selinux_enabled(self) -> bool:
+        return self.selinux
+
+    def sha1(self, path: str) -> str:
+        import hashlib
+        return hashlib.sha1(Path(path).read_bytes()).hexdigest()
+
+
+def test_file_state_says_not_current_when_unsure(tmp_path: Path) -> None:
+    import hashlib
+    target = tmp_path / "f"
+    target.write_text("x")
+    os.chmod(target, 0o640)
+    sha = hashlib.sha1(b"x").hexdigest()
+    want = {"path": str(target), "checksum": sha, "owner": "root", "group": "root", "mode": "0640"}
+    assert labctl_file_state.path_state(FakeModule(), want)["current"] is True
+    assert labctl_file_state.path_state(FakeModule(), {**want, "mode": 0o640})["current"] is True
+    assert labctl_file_state.path_state(FakeModule(), {**want, "mode": "u=rw,g=r"})["reason"] == "mode"
+    assert labctl_file_state.path_state(FakeModule(), {**want, "owner": "no-such-user"})["reason"] == "owner"
+    assert labctl_file_state.path_state(FakeModule(), {**want, "checksum": "0" * 40})["reason"] == "content"
+    assert labctl_file_state.path_state(FakeModule(selinux=True), want)["reason"] == "selinux"
+    link = tmp_path / "l"
+    link.symlink_to(target)
+    assert labctl_file_state.path_state(FakeModule(), {**want, "path": str(link)})["reason"] == "not a regular file"
+    assert labctl_file_state.path_state(FakeModule(), {**want, "path": str(tmp_path / "none")})["reason"] == "missing"
+    assert labctl_file_state.path_state(FakeModule(), {"path": str(tmp_path), "state": "directory"})["current"] is True
+    assert labctl_file_state.path_state(FakeModule(), {"path": str(target), "state": "directory"})["current"] is False
