@@ -91,3 +91,27 @@ def test_site_imports_only_existing_layer_playbooks() -> None:
     site = yaml.safe_load((REPO / "site.yml").read_text())
     for play in site:
         assert (REPO / play["ansible.builtin.import_playbook"]).is_file()
+
+
+def _tasks(node: object) -> list[dict[str, object]]:
+    """Every task of a task file, blocks opened."""
+    found: list[dict[str, object]] = []
+    for task in node if isinstance(node, list) else []:
+        if isinstance(task, dict):
+            found.append(task)
+            for key in ("block", "rescue", "always"):
+                found += _tasks(task.get(key))
+    return found
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_files_are_written_through_the_one_call_checks(role: Path) -> None:
+    # ansible.builtin.template costs five calls on the target for a file that is already right,
+    # labctl_template one (the no-op re-run's budget, make bench-provision); both need explicit attributes.
+    for path in sorted((role / "tasks").glob("*.yml")):
+        for task in _tasks(yaml.safe_load(path.read_text())):
+            assert "ansible.builtin.template" not in task, f"{path.relative_to(REPO)}: {task.get('name')}: use labctl_template"
+            args = task.get("labctl_template")
+            if args is not None:
+                assert isinstance(args, dict) and {"owner", "group", "mode"} <= set(args), \
+                    f"{path.relative_to(REPO)}: {task.get('name')}: owner, group and mode are explicit"
