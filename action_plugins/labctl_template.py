@@ -55,12 +55,12 @@ class ActionModule(ActionBase):
         task_vars = task_vars if task_vars is not None else {}
         result = super().run(tmp, task_vars)
         args = self._task.args
-        builtin = "ansible.builtin.copy" if "content" in args else "ansible.builtin.template"
         if "content" in args:
-            content = args["content"]
+            builtin, content = "ansible.builtin.copy", args["content"]
             fast = set(args) <= CONTENT_ARGS and isinstance(content, str) and isinstance(args.get("dest"), str)
             rendered = to_bytes(content, errors="surrogate_or_strict") if fast else None
         else:
+            builtin = "ansible.builtin.template"
             rendered = self._render(args, task_vars) if set(args) <= FAST_ARGS else None
         if rendered is not None:
             want = {"path": args["dest"], "checksum": hashlib.sha1(rendered).hexdigest(),

@@ -4,20 +4,30 @@ diff) for every other case."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(REPO / "library"))
 
-import labctl_file_state  # noqa: E402
+
+def _load_file_state() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("labctl_file_state", REPO / "library" / "labctl_file_state.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+labctl_file_state = _load_file_state()
 
 TEMPLATE = """{{ ansible_managed | comment }}
 name={{ name }}
@@ -60,9 +70,8 @@ def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[
 
 
 def template_task(module: str, dest: str, src: str = "app.conf.j2", **more: Any) -> dict[str, Any]:
-    return {"name": f"{module} {dest}", module: {"src": src, "dest": "{{ root }}/" + dest, "owner": "root",
-                                                "group": "root", "mode": "0640", **more}, "register": "out",
-            }
+    return {"name": f"{module} {dest}", "register": "out",
+            module: {"src": src, "dest": "{{ root }}/" + dest, "owner": "root", "group": "root", "mode": "0640", **more}}
 
 
 def show(var: str = "out") -> dict[str, Any]:
@@ -197,3 +206,16 @@ def test_file_state_says_not_current_when_unsure(tmp_path: Path) -> None:
     assert labctl_file_state.path_state(FakeModule(), {**want, "path": str(tmp_path / "none")})["reason"] == "missing"
     assert labctl_file_state.path_state(FakeModule(), {"path": str(tmp_path), "state": "directory"})["current"] is True
     assert labctl_file_state.path_state(FakeModule(), {"path": str(target), "state": "directory"})["current"] is False
+
+
+def test_documentation_parses_for_ansible_doc(tmp_path: Path) -> None:
+    env = dict(os.environ, ANSIBLE_HOME=str(tmp_path / ".ansible"))
+    out = subprocess.run([str(BIN / "ansible-doc"), "-M", str(REPO / "library"), "-j", "labctl_template",
+                          "labctl_directories", "labctl_file_state"], capture_output=True, text=True, env=env, check=False)
+    assert out.returncode == 0, out.stderr
+    docs = json.loads(out.stdout)
+    assert {"src", "content", "dest", "owner", "group", "mode", "validate", "backup",
+            "variable_start_string"} <= set(docs["labctl_template"]["doc"]["options"])
+    assert set(docs["labctl_directories"]["doc"]["options"]["directories"]["suboptions"]) == {"path", "owner", "group", "mode"}
+    assert set(docs["labctl_file_state"]["doc"]["options"]["files"]["suboptions"]) == {
+        "path", "state", "checksum", "owner", "group", "mode"}
