@@ -49,9 +49,11 @@ cat >"$rootfs/etc/apt/sources.list" <<SRC
 deb $mirror bookworm main
 deb http://deb.debian.org/debian-security bookworm-security main
 SRC
-# Containers: no consoles, no udev, no kernel mounts to manage.
+# Containers: no consoles, no udev, no kernel mounts to manage. systemd-remount-fs stays: at boot it
+# applies /etc/fstab's options to /dev/shm (host_tuning's size), as on a real server, so a restarted
+# container is a rebooted host (docker's 64 MiB /dev/shm otherwise, and the replicas fail).
 for unit in getty@tty1.service console-getty.service systemd-udevd.service \
-  systemd-udevd-control.socket systemd-udevd-kernel.socket systemd-remount-fs.service \
+  systemd-udevd-control.socket systemd-udevd-kernel.socket \
   sys-kernel-config.mount sys-kernel-debug.mount sys-kernel-tracing.mount \
   systemd-modules-load.service systemd-firstboot.service; do
   ln -sf /dev/null "$rootfs/etc/systemd/system/$unit"

@@ -105,6 +105,17 @@ def _wait_targets(predicate, timeout: float = 120) -> list[dict]:
         time.sleep(3)
 
 
+def _cache_listing(name: str) -> dict[str, str]:
+    """Every file of a GPU host's compile cache but the lock files: path -> size and mtime."""
+    out = _docker("exec", name, "find", "/var/lib/vllm/cache", "-type", "f", "!", "-name", "*.lock", "-printf", "%P %s %T@\\n")
+    return {line.rsplit(" ", 2)[0]: " ".join(line.rsplit(" ", 2)[1:]) for line in out.splitlines()}
+
+
+def _loadavg(name: str) -> str:
+    """The machine's load average (a container reads the host kernel's)."""
+    return " ".join(_docker("exec", name, "cat", "/proc/loadavg").split()[:3])
+
+
 def _all_up(targets: list[dict]) -> bool:
     return len(targets) > 0 and all(t["health"] == "up" for t in targets)
 
@@ -206,6 +217,7 @@ def test_a_gpu_host_taken_down_mid_run_is_routed_around():
     _docker("exec", GW, "rm", "-f", "/tmp/traffic.stop", "/tmp/traffic.json")
     _docker("exec", "-d", GW, "python3", "/tmp/traffic.py", ENV_FILE, PUBLIC, "/tmp/traffic.stop", "/tmp/traffic.json", "2")
     time.sleep(10)
+    cache_before = _cache_listing(down)
     t_down = time.time()
     _docker("stop", down, timeout=60)
     t_stopped = time.time()
@@ -214,6 +226,7 @@ def test_a_gpu_host_taken_down_mid_run_is_routed_around():
     time.sleep(max(0.0, t_stopped + down_s - time.time()))
     during = sum(_successes(up_urls)) - before
     t_start = time.time()
+    load_at_start = _loadavg(GW)
     _docker("start", down)
     # Back: its replicas serve again (systemd boots the host, the replicas load the model).
     code = f"""
@@ -232,6 +245,9 @@ for url in {down_urls!r}:
 """
     _py(GW, code, timeout=960)
     t_back = time.time()
+    load_at_back = _loadavg(GW)
+    cache_after = _cache_listing(down)
+    shm = _docker("exec", down, "findmnt", "-no", "SIZE", "/dev/shm").strip()
     # The gateway takes the cooled-down replicas back (litellm_cooldown_time, 15 s).
     time.sleep(20)
     _docker("exec", GW, "touch", "/tmp/traffic.stop")
@@ -261,6 +277,8 @@ for url in {down_urls!r}:
         "longest_wait_after_stall_s": max((round(r["end"] - r["start"], 1) for r in after_stall), default=None),
         "sent_after_stall": len(after_stall), "served_by_gpu1_while_down": during,
         "docker_stop_s": round(t_stopped - t_down, 1), "back_after_start_s": round(t_back - t_start, 1),
+        "load_at_start": load_at_start, "load_at_back": load_at_back, "compile_cache_files": len(cache_before),
+        "compile_cache_files_written_after_start": len(set(cache_after.items()) - set(cache_before.items())),
         "gpu2_requests_after_return": back_grown, "failures": [r["outcome"] for r in failed][:5],
     })
     # Prometheus saw the host's three targets (two replicas, node_exporter) go down.
@@ -270,6 +288,10 @@ for url in {down_urls!r}:
     assert len(after_stall) >= 10, after_stall
     assert all(r["end"] - r["start"] < request_s for r in after_stall), max(r["end"] - r["start"] for r in after_stall)
     assert during >= 10
+    # The host came back as a rebooted server does: /dev/shm from host_tuning's fstab line, and
+    # warm: its replicas compiled nothing (no compile cache file new or rewritten since the stop).
+    assert shm == "1G", shm
+    assert cache_after == cache_before, sorted(set(cache_after.items()) - set(cache_before.items()))[:10]
     # Back in service: requests reach its replicas again, and every target is up.
     assert codes == [200] * len(codes)
     assert sum(back_grown) > 0, back_grown
