@@ -87,7 +87,7 @@ def collect(hosts: Iterable[str], out_dir: Path, run: Runner = _run) -> dict[str
         # of labctl's timers are inactive between runs).
         rows = [line.split() for line in units.splitlines() if len(line.split()) >= 3]
         affected = sorted({line.split()[0] for line in failed.splitlines() if line.strip() and "." in line.split()[0]}
-                          | {row[0] for row in rows if row[2] != "active"
+                          | {row[0] for row in rows if row[2] != "active" and row[1] != "not-found"
                              and not (row[0].startswith("labctl-") and row[2] == "inactive")})
         for unit in affected:
             sh(f"journal-{unit}", f"journalctl -b --no-pager -n {JOURNAL_LINES} -u '{unit}'")

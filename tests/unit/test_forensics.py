@@ -20,6 +20,7 @@ UNITS = (
     "vllm@1.service loaded failed failed vLLM replica 1 (tiny-llama)\n"
     "prometheus.service loaded activating auto-restart Monitoring system\n"
     "labctl-node-metrics.service loaded inactive dead GPU readings\n"
+    "nvidia-fabricmanager.service not-found inactive dead nvidia-fabricmanager.service\n"
 )
 
 
