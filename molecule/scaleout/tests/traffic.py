@@ -2,7 +2,7 @@
 """Steady traffic through the gateway while a GPU host goes away (copied into the gateway host).
 
 SENDERS threads each send one chat completion after another with the master key until the stop
-file appears. Every request is recorded with its start and end time and its outcome, so the test
+file appears; while STOP_FILE.slow exists, each waits 5 s between requests instead of 0.2 s. Every request is recorded with its start and end time and its outcome, so the test
 can tell the requests that were in flight when the host went down from those sent after.
 usage: traffic.py LITELLM_ENV_FILE MODEL STOP_FILE OUT_FILE SENDERS
 """
@@ -38,7 +38,7 @@ def send(sender):
             outcome = str(exc)
         with lock:
             requests.append({"sender": sender, "start": round(start, 2), "end": round(time.time(), 2), "outcome": outcome})
-        time.sleep(0.2)
+        time.sleep(5 if os.path.exists(stop_file + ".slow") else 0.2)
 
 
 threads = [threading.Thread(target=send, args=(n,)) for n in range(int(senders))]
