@@ -87,20 +87,20 @@ print(json.dumps([time.time(), status, text]))
     return at, status, text
 
 
-def _timestamps(host, unit: str) -> dict[str, int]:
+def _timestamps(host, unit: str) -> dict[str, int | str]:
     out = host.check_output(f"systemctl show -p ActiveEnterTimestampMonotonic -p ExecMainStartTimestampMonotonic "
                             f"-p NRestarts -p ActiveState {unit}")
     values = dict(line.split("=", 1) for line in out.splitlines())
     return {"active": int(values["ActiveEnterTimestampMonotonic"] or 0),
             "main": int(values.get("ExecMainStartTimestampMonotonic") or 0),
-            "restarts": int(values.get("NRestarts") or 0), "state": values["ActiveState"]}  # type: ignore[dict-item]
+            "restarts": int(values.get("NRestarts") or 0), "state": values["ActiveState"]}
 
 
 def test_a_power_cut_comes_back_serving_by_itself_and_warm(host):
     name = host.check_output("hostname")
     resolv = host.file("/etc/resolv.conf").content_string
 
-    # Cold: both replicas with their compile caches emptied (the unit recreates its directories).
+    # Cold: both replicas with their compile caches emptied (the cache root stays, bound over /tmp).
     host.run_test("systemctl stop vllm@0 vllm@1")
     host.run_test(f"find {CACHE} -mindepth 1 -delete")
     started = time.time()  # the container shares this machine's clock
