@@ -33,6 +33,7 @@ LABCTL = REPO / ".venv" / "bin" / "labctl"
 INVENTORY = REPO / "bench" / "inventory"
 LAB_SETTINGS = REPO / "bench" / "lab-settings.yaml"
 AUTH_TEMPLATE = REPO / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm" / "labctl_auth.py.j2"
+READINESS_TEMPLATE = AUTH_TEMPLATE.with_name("labctl_readiness.py.j2")
 
 SCALE = 2.5  # one bench second stands for SCALE seconds in the lab
 SLOTS = 32  # per stand-in replica (the measurement)
@@ -149,10 +150,23 @@ def flush_redis() -> None:
                    check=True, capture_output=True)
 
 
+def render_readiness(drain_dir: Path) -> str:
+    import jinja2
+
+    defaults = yaml.safe_load((REPO / "roles" / "litellm" / "defaults" / "main.yml").read_text())
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["to_json"] = json.dumps
+    return env.from_string(READINESS_TEMPLATE.read_text().split("\n", 1)[1]).render(
+        litellm_readiness_interval=defaults["litellm_readiness_interval"],
+        litellm_readiness_timeout=defaults["litellm_readiness_timeout"], __litellm_drain_dir=str(drain_dir))
+
+
 def start_gateway(cfg: dict[str, Any], workers: int, rundir: Path) -> subprocess.Popen[bytes]:
     (rundir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     # The role's refusal of unknown keys (custom_auth), as the role writes it beside config.yaml.
     (rundir / "labctl_auth.py").write_text(AUTH_TEMPLATE.read_text().split("\n", 1)[1])
+    # The role's readiness routing callback, rendered with the role's defaults (drain markers under rundir).
+    (rundir / "labctl_readiness.py").write_text(render_readiness(rundir / "drain"))
     prom = rundir / "prometheus"
     shutil.rmtree(prom, ignore_errors=True)
     prom.mkdir(parents=True)

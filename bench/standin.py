@@ -15,6 +15,7 @@ import heapq
 import itertools
 import json
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -337,11 +338,15 @@ class Server:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    # As vLLM does (vllm/entrypoints/launchers/launcher.py, "bind the port before the engine is
+    # set up"): the port listens during the model load, and a connection made then waits in the
+    # backlog, unanswered, until the load is over.
+    sock = socket.create_server((args.host, args.port), backlog=1024, reuse_port=False)
     await asyncio.sleep(args.startup_delay)  # model loading, scaled
     engine = Engine(args.served_model_name, args.max_num_seqs, args.step_base, args.step_per_seq)
     server = Server(engine, args.tokens_per_chunk)
     loop_task = asyncio.create_task(engine.run())
-    srv = await asyncio.start_server(server.handle, args.host, args.port, backlog=1024)
+    srv = await asyncio.start_server(server.handle, sock=sock)
     async with srv:
         await asyncio.gather(srv.serve_forever(), loop_task)
 
@@ -355,7 +360,7 @@ def main() -> None:
     parser.add_argument("--step-base", type=float, default=0.020, help="seconds per decode step, empty batch")
     parser.add_argument("--step-per-seq", type=float, default=0.0005, help="extra seconds per step per running sequence")
     parser.add_argument("--tokens-per-chunk", type=int, default=8, help="tokens per SSE chunk (CPU of the proxy)")
-    parser.add_argument("--startup-delay", type=float, default=0.0, help="seconds before the port opens")
+    parser.add_argument("--startup-delay", type=float, default=0.0, help="seconds of model loading: the port listens but nothing answers")
     asyncio.run(serve(parser.parse_args()))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -205,3 +206,32 @@ def test_metric_names_are_vllm_v1_names_from_the_pinned_wheel() -> None:
         base = name.removesuffix("_total") if name.endswith("_total") and f'"{name}"' not in source else name
         assert f'"{base}"' in source, f"{name} is not a metric of the pinned vLLM"
     assert all(n.startswith(("vllm:", "bench:")) for n in _metric_names())
+
+
+def test_while_loading_the_port_listens_and_answers_nothing() -> None:
+    """As vLLM binds its port before the engine is set up: a connection made during the load is
+    accepted by the kernel and waits unanswered (not refused) until the load is over."""
+    with socket.socket() as probe_sock:
+        probe_sock.bind(("127.0.0.1", 0))
+        port = probe_sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "standin.py"), "--port", str(port),
+                             "--served-model-name", "m", "--startup-delay", "4"])
+    try:
+        deadline = time.monotonic() + 3
+        while True:
+            try:
+                conn = socket.create_connection(("127.0.0.1", port), timeout=1)
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, "the port did not listen during the load"
+                time.sleep(0.05)
+        with conn:
+            conn.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+            conn.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                conn.recv(100)       # loading: nothing answers
+            conn.settimeout(10)
+            assert conn.recv(100).startswith(b"HTTP/1.1 200")  # loaded: the same connection is served
+    finally:
+        proc.terminate()
+        proc.wait(10)

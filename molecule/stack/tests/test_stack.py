@@ -34,7 +34,7 @@ def _py(host, code: str) -> str:
     return host.check_output("python3 -c %s", code)
 
 
-def _http(host, url: str, body: dict | None = None, key: str | None = "master") -> tuple[int, str]:
+def _http(host, url: str, body: dict | None = None, key: str | None = "master", timeout: int = 120) -> tuple[int, str]:
     code = f"""
 import json, urllib.request, urllib.error
 headers = {{"Content-Type": "application/json"}}
@@ -46,10 +46,12 @@ if key:
 data = json.dumps({body!r}).encode() if {body!r} is not None else None
 req = urllib.request.Request({url!r}, data=data, headers=headers)
 try:
-    with urllib.request.urlopen(req, timeout=120) as r:
+    with urllib.request.urlopen(req, timeout={timeout}) as r:
         print(r.status); print(r.read().decode()[:4000])
 except urllib.error.HTTPError as e:
     print(e.code); print(e.read().decode()[:4000])
+except OSError as e:
+    print(0); print(repr(e))
 """
     out = _py(host, code)
     status, _, text = out.partition("\n")
@@ -285,9 +287,10 @@ def test_rolling_restart_of_one_replica(host):
     assert latest["command"] == "rolling-restart" and latest["outcome"] == "ok"
 
 
-def _time_to_serve(host, index: int) -> float:
+def _time_to_serve(host, index: int, restart: bool = True) -> float:
     started = time.monotonic()
-    host.run_test(f"systemctl restart vllm@{index}")
+    if restart:
+        host.run_test(f"systemctl restart vllm@{index}")
     deadline = started + 600
     while time.monotonic() < deadline:
         if host.run(f"python3 -c \"import urllib.request as u; u.urlopen('{REPLICAS[index]}/health', timeout=2)\"").rc == 0:
@@ -311,6 +314,42 @@ def test_compile_cache_makes_a_restart_faster(host):
     assert ratio <= 0.75, f"warm {warm:.1f} s vs cold {cold:.1f} s"
 
 
+def test_a_loading_replica_gets_no_request(host):
+    """vLLM binds its port before it loads the model (vllm/entrypoints/launchers/launcher.py): a
+    replica that is starting accepts connections and answers nothing for the whole load, minutes
+    for the 120B. Here vllm@1 is stopped and its port held exactly so (bound, listening, never
+    accepting) while requests go through the gateway: the readiness routing sends every one to
+    vllm@0 and each is answered promptly. Without it, LiteLLM shuffles about half of them into
+    the backlog, where they wait for the load (or the client's timeout)."""
+    holder = ("import socket, time; s = socket.create_server(('127.0.0.1', 8001), backlog=64); "
+              "open('/tmp/loading.ready', 'w').close(); time.sleep(300)")
+    host.run_test("rm -f /tmp/loading.ready")
+    host.run_test("systemctl stop vllm@1")
+    time.sleep(3)
+    subprocess.run(["docker", "exec", "-d", host.check_output("hostname"), "python3", "-c", holder], check=True)
+    try:
+        for _ in range(50):
+            if host.file("/tmp/loading.ready").exists:
+                break
+            time.sleep(0.2)
+        assert host.run("python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8001/health', timeout=2)\"").rc != 0
+        before = _successes(host, 0)
+        outcomes = []
+        for n in range(8):
+            started = time.monotonic()
+            status, text = _http(host, "http://127.0.0.1:4000/v1/chat/completions", _chat(), timeout=20)
+            outcomes.append((status, round(time.monotonic() - started, 1), text[:200]))
+        served_by_0 = _successes(host, 0) - before
+    finally:
+        host.run("pkill -f loading.ready")
+        host.run_test("systemctl start vllm@1")
+    back = _time_to_serve(host, 1, restart=False)
+    _report(loading_replica={"requests": len(outcomes), "slowest_s": max(o[1] for o in outcomes), "vllm1_back_s": round(back, 1)})
+    assert [o[0] for o in outcomes] == [200] * 8, outcomes
+    assert max(o[1] for o in outcomes) < 15, outcomes
+    assert served_by_0 == 8
+
+
 def test_flag_change_restarts_replicas_one_at_a_time_while_requests_succeed(host):
     """A vLLM flag the gateway does not depend on: only the replicas restart, one at a time.
     The run is `ansible-playbook -v`: its output carries no generated secret."""
@@ -332,6 +371,11 @@ def test_flag_change_restarts_replicas_one_at_a_time_while_requests_succeed(host
     assert traffic["both_down"] == 0
     # Requests kept succeeding through the restarts.
     assert traffic["ok"] > 20 and traffic["ok_streamed"] > 10 and traffic["failed"] == [], traffic["failed"][:5]
+    # Each replica left the gateway's rotation before its restart and came back after it.
+    # (banners "RUNNING HANDLER [...]": the queue runs from the vllm role's handler)
+    assert result.stdout.count("[vllm : Take the replica out of the gateways' rotation | ") == 2
+    assert result.stdout.count("[vllm : Put the replica back in the gateways' rotation | ") == 2
+    assert host.check_output("ls -A /run/labctl/drain") == ""
     # -v prints every task's result: the no_log ones must still hide every generated secret.
     output = result.stdout + result.stderr
     assert "censored" in output and output.count("] => {") > 100, "not the verbose output"

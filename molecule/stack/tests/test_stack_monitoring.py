@@ -29,11 +29,11 @@ PROM = "http://127.0.0.1:9090"
 ENV_FILE = "/etc/labctl/litellm/litellm.env"
 RULES_DIR = "/etc/prometheus/rules.d"
 PUBLIC = "tiny-llama"
-# LiteLLM creates this series at its first event only: a request refused by the admission
-# queue. Its queries must parse, and the name is checked against the pinned LiteLLM's source
-# (tests/unit/test_dashboards.py). The cooldown series (litellm_deployment_cooled_down_total)
-# exists by now: test_stack_faults.py, which runs before this file, killed a replica.
-EVENT_ONLY = ("litellm_admission_rejected_requests_total",)
+# LiteLLM creates these series at their first event only: a request refused by the admission
+# queue; a deployment cooled down (rare since the readiness routing keeps requests away from a
+# replica that is down). Their queries must parse, and the names are checked against the pinned
+# LiteLLM's source (tests/unit/test_dashboards.py).
+EVENT_ONLY = ("litellm_admission_rejected_requests_total", "litellm_deployment_cooled_down_total")
 
 
 def _prom_queries(host, exprs: list[str]) -> list[dict]:

@@ -1,0 +1,117 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Ansible module: wait until a vLLM replica has no running or waiting request."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: labctl_replica_drain
+short_description: Wait until a vLLM replica's requests have finished
+description:
+  - Reads the replica's C(/metrics) every O(interval) seconds and sums C(vllm:num_requests_running)
+    and C(vllm:num_requests_waiting) (every label set) until the sum is 0 or O(timeout) has passed.
+  - Meant to run once the gateways route around the replica (a drain marker): then nothing new
+    arrives and what is there finishes.
+  - Never fails on a busy replica: after O(timeout) it returns C(drained=false) and the count, and
+    the caller restarts anyway. A replica that does not answer has nothing in flight.
+  - Read-only: reports C(changed=false). Standard library only.
+options:
+  url:
+    description: Base URL of the replica, e.g. C(http://127.0.0.1:8000).
+    type: str
+    required: true
+  timeout:
+    description: Seconds to wait in all; 0 reads once.
+    type: int
+    default: 300
+  grace:
+    description: Seconds to wait before the first read.
+    type: float
+    default: 0
+  interval:
+    description: Seconds between reads.
+    type: float
+    default: 1
+author: labctl maintainers
+"""
+
+EXAMPLES = r"""
+- name: Let replica 0 finish its requests
+  labctl_replica_drain:
+    url: http://127.0.0.1:8000
+    timeout: 300
+"""
+
+RETURN = r"""
+drained:
+  description: Whether the replica had no running or waiting request (or did not answer).
+  returned: always
+  type: bool
+in_flight:
+  description: Running plus waiting requests at the last read (0 when it did not answer).
+  returned: always
+  type: int
+seconds:
+  description: How long the wait took.
+  returned: always
+  type: float
+"""
+
+import time
+import urllib.request
+
+from ansible.module_utils.basic import AnsibleModule
+
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+def in_flight(text):
+    """Sum of the running and waiting gauges in a Prometheus text exposition."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in GAUGES:
+            total += float(line.rsplit(" ", 1)[-1])
+    return int(total)
+
+
+def read(url):
+    """Requests in flight, or None when the replica does not answer."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:  # noqa: S310 (the replica's own URL)
+            return in_flight(response.read().decode(errors="replace"))
+    except (OSError, ValueError):
+        return None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "url": {"type": "str", "required": True},
+            "timeout": {"type": "int", "default": 300},
+            "grace": {"type": "float", "default": 0},
+            "interval": {"type": "float", "default": 1},
+        },
+        supports_check_mode=True,
+    )
+    params = module.params
+    if module.check_mode:
+        module.exit_json(changed=False, drained=True, in_flight=0, seconds=0.0, msg="check mode: not waiting")
+    started = time.monotonic()
+    time.sleep(params["grace"])
+    while True:
+        count = read(params["url"].rstrip("/"))
+        if not count:
+            module.exit_json(changed=False, drained=True, in_flight=0, seconds=round(time.monotonic() - started, 1),
+                             answered=count is not None)
+        if time.monotonic() - started >= params["grace"] + params["timeout"]:
+            module.exit_json(changed=False, drained=False, in_flight=count, seconds=round(time.monotonic() - started, 1),
+                             answered=True)
+        time.sleep(params["interval"])
+
+
+if __name__ == "__main__":
+    main()

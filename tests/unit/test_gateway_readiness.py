@@ -1,0 +1,312 @@
+"""The gateway's readiness routing (roles/litellm/.../labctl_readiness.py.j2) and the rolling
+restart's drain wait (library/labctl_replica_drain.py), against real sockets: a server that
+answers, one that answers 503, a port that listens but never answers (vLLM while it loads its
+model: it binds before the engine is set up) and a closed port."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import http.server
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import types
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm" / "labctl_readiness.py.j2"
+WHEELS = REPO / "build" / "bundles" / "test" / "wheels"
+BIN = Path(sys.executable).parent
+
+
+class _CustomLogger:
+    """Stand-in base class: LiteLLM is not installed in the project's venv (its signature is
+    checked against the bundle's wheel below)."""
+
+    def __init__(self) -> None:
+        pass
+
+
+def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: float = 0.2, timeout: float = 0.5) -> Any:
+    for name in ("litellm", "litellm.integrations"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    custom = types.ModuleType("litellm.integrations.custom_logger")
+    custom.CustomLogger = _CustomLogger  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "litellm.integrations.custom_logger", custom)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["to_json"] = json.dumps
+    env.filters["comment"] = lambda text: "# " + text
+    source = env.from_string(TEMPLATE.read_text()).render(
+        ansible_managed="Ansible managed", litellm_readiness_interval=interval, litellm_readiness_timeout=timeout,
+        __litellm_drain_dir=str(tmp_path / "drain"))
+    path = tmp_path / "labctl_readiness.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("labctl_readiness", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    status = 200
+    metrics = ""
+    reads: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        body = (self.metrics if self.path == "/metrics" else "").encode()
+        self.reads.append(self.metrics)
+        self.send_response(self.status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def _server(status: int = 200, metrics: str = "") -> Iterator[tuple[int, type[_Handler]]]:
+    handler = type("H", (_Handler,), {"status": status, "metrics": metrics, "reads": []})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield httpd.server_address[1], handler
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@contextmanager
+def _loading() -> Iterator[int]:
+    """A port that listens and never accepts: vLLM between its bind and the end of the load."""
+    sock = socket.create_server(("127.0.0.1", 0), backlog=16)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
+def _closed_port() -> int:
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return int(port)
+
+
+def _deployment(port: int, served: str) -> dict[str, Any]:
+    return {"model_name": "gpt-oss-120b", "model_info": {"id": f"gpt-oss-120b@{served}"},
+            "litellm_params": {"model": f"openai/{served}", "api_base": f"http://127.0.0.1:{port}/v1"}}
+
+
+def _served(deployments: list[dict[str, Any]]) -> list[str]:
+    return [d["litellm_params"]["model"].split("/", 1)[1] for d in deployments]
+
+
+def test_the_health_url_is_the_api_base_without_v1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _load(tmp_path, monkeypatch)
+    assert mod.health_url("http://10.0.0.5:8001/v1") == ("10.0.0.5", 8001, "/health")
+    assert mod.health_url("http://gpu01:8000/v1/") == ("gpu01", 8000, "/health")
+    assert mod.health_url("https://gw.lab/vllm0/v1") == ("gw.lab", 443, "/vllm0/health")
+
+
+def test_a_probe_tells_ready_down_and_silent_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _load(tmp_path, monkeypatch)
+    with _server(200) as (up, _), _server(503) as (sick, _), _loading() as loading:
+        closed = _closed_port()
+        started = time.monotonic()
+
+        async def all_four() -> list[str]:
+            return list(await asyncio.gather(*(mod.probe(f"http://127.0.0.1:{port}/v1", 1.0)
+                                               for port in (up, sick, loading, closed))))
+
+        results = asyncio.run(all_four())
+    assert results == ["ok", "down", "silent", "down"]
+    assert time.monotonic() - started < 4
+
+
+def test_requests_go_only_to_ready_replicas_and_never_nowhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _load(tmp_path, monkeypatch)
+
+    async def scenario() -> None:
+        with _server(200) as (up, _), _loading() as loading:
+            ready = mod.Readiness(interval=0.2, timeout=1.0, drain_dir=str(tmp_path / "drain"))
+            both = [_deployment(up, "r-0"), _deployment(loading, "r-1")]
+            assert _served(await ready.async_filter_deployments("gpt-oss-120b", both, None)) == ["r-0"]
+            # None ready: every candidate stays (the probe is never the cause of an outage).
+            assert _served(await ready.async_filter_deployments("gpt-oss-120b", both[1:], None)) == ["r-1"]
+            ready.task.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_that_restarts_is_dropped_at_once_and_taken_back_when_it_answers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _load(tmp_path, monkeypatch)
+
+    async def scenario() -> list[list[str]]:
+        seen: list[list[str]] = []
+        with _server(200) as (up, _):
+            port = _closed_port()
+            victim = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+            threading.Thread(target=victim.serve_forever, daemon=True).start()
+            ready = mod.Readiness(interval=0.1, timeout=1.0, drain_dir=str(tmp_path / "drain"))
+            both = [_deployment(up, "r-0"), _deployment(port, "r-1")]
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            victim.shutdown()
+            victim.server_close()          # stopped: refused
+            await asyncio.sleep(1.0)
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            loading = socket.create_server(("127.0.0.1", port), backlog=16)  # bound, loading
+            await asyncio.sleep(2.5)
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            loading.close()
+            back = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Handler)  # serving again
+            threading.Thread(target=back.serve_forever, daemon=True).start()
+            await asyncio.sleep(2.5)
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            back.shutdown()
+            back.server_close()
+            ready.task.cancel()
+        return seen
+
+    assert asyncio.run(scenario()) == [["r-0", "r-1"], ["r-0"], ["r-0"], ["r-0", "r-1"]]
+
+
+def test_one_silent_probe_keeps_a_ready_replica_two_drop_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _load(tmp_path, monkeypatch)
+    ready = mod.Readiness(interval=10, timeout=0.2, drain_dir=str(tmp_path / "drain"))
+    answers = iter(["ok", "silent", "ok", "silent", "silent"])
+
+    async def fake_probe(base: str, timeout: float) -> str:
+        return next(answers)
+
+    monkeypatch.setattr(mod, "probe", fake_probe)
+    states = []
+    for _ in range(5):
+        asyncio.run(ready.refresh(["http://127.0.0.1:1/v1"]))
+        states.append(ready.ready["http://127.0.0.1:1/v1"])
+    assert states == [True, True, True, True, False]
+
+
+def test_a_drain_marker_routes_around_a_healthy_replica_until_it_expires(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = _load(tmp_path, monkeypatch)
+    drain = tmp_path / "drain"
+    drain.mkdir()
+
+    async def scenario() -> list[list[str]]:
+        seen = []
+        with _server(200) as (a, _), _server(200) as (b, _):
+            ready = mod.Readiness(interval=0.2, timeout=1.0, drain_dir=str(drain))
+            both = [_deployment(a, "r-0"), _deployment(b, "r-1")]
+            (drain / "r-1").write_text(f"{int(time.time()) + 60}\n")
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            (drain / "r-1").write_text(f"{int(time.time()) - 1}\n")  # a run that died: expired
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            (drain / "r-1").write_text("garbage")
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            (drain / "r-0").write_text(f"{int(time.time()) + 60}\n")
+            (drain / "r-1").write_text(f"{int(time.time()) + 60}\n")
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            ready.task.cancel()
+        return seen
+
+    assert asyncio.run(scenario()) == [["r-0"], ["r-0", "r-1"], ["r-0", "r-1"], ["r-0", "r-1"]]
+
+
+def test_the_hook_matches_litellms_signature() -> None:
+    """The router calls async_filter_deployments by keyword (litellm/router.py,
+    async_callback_filter_deployments): the parameter names must be LiteLLM's own."""
+    wheel = next(WHEELS.glob("litellm-*.whl"), None)
+    if wheel is None:
+        pytest.skip("the test bundle's wheels are not built (make bundle-test)")
+    with zipfile.ZipFile(wheel) as zf:
+        tree = ast.parse(zf.read("litellm/integrations/custom_logger.py"))
+    theirs = next(n for n in ast.walk(tree) if isinstance(n, ast.AsyncFunctionDef) and n.name == "async_filter_deployments")
+    ours = next(n for n in ast.walk(ast.parse(TEMPLATE.read_text().split("\n", 1)[1]))
+                if isinstance(n, ast.AsyncFunctionDef) and n.name == "async_filter_deployments")
+    assert [a.arg for a in ours.args.args] == [a.arg for a in theirs.args.args]
+
+
+def test_the_role_defaults_and_the_drain_directories_agree() -> None:
+    litellm_vars = yaml.safe_load((REPO / "roles" / "litellm" / "vars" / "main.yml").read_text())
+    vllm_vars = yaml.safe_load((REPO / "roles" / "vllm" / "vars" / "main.yml").read_text())
+    assert litellm_vars["__litellm_drain_dir"] == vllm_vars["__vllm_drain_dir"]
+    assert vllm_vars["__vllm_drain_dir"].startswith("/run/")  # a reboot clears a stale marker
+    config = (TEMPLATE.parent / "config.yaml.j2").read_text()
+    assert '"labctl_readiness.readiness"' in config
+
+
+# --- labctl_replica_drain -----------------------------------------------------------------------
+
+def _drain(url: str, **args: object) -> dict[str, Any]:
+    cmd = [str(BIN / "ansible"), "localhost", "-c", "local", "-m", "labctl_replica_drain", "-a",
+           json.dumps({"url": url, **args}), "-o"]
+    env = dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "library"), ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_PYTHON_INTERPRETER=sys.executable)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False).stdout
+    assert "=>" in out, out
+    return json.loads(out.split("=>", 1)[1])  # type: ignore[no-any-return]
+
+
+# vLLM 0.32's exposition of the two gauges (one label set per served engine).
+BUSY = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="gpt-oss-120b-gpu01-0"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="gpt-oss-120b-gpu01-0"} 1.0
+vllm:num_requests_running_total_not_this 7.0
+"""
+
+
+def test_the_drain_waits_for_running_and_waiting_requests() -> None:
+    with _server(200, BUSY) as (port, handler):
+        def finish() -> None:
+            while len(handler.reads) < 3:  # the module has read a busy replica three times
+                time.sleep(0.05)
+            handler.metrics = BUSY.replace(" 2.0", " 0.0").replace(" 1.0", " 0.0")
+
+        threading.Thread(target=finish, daemon=True).start()
+        result = _drain(f"http://127.0.0.1:{port}", timeout=30, interval=0.2)
+    assert result["drained"] is True and result["in_flight"] == 0 and 0.4 <= result["seconds"] < 10, result
+    assert handler.reads[:3] == [BUSY] * 3 and "2.0" not in handler.reads[-1]
+    assert result["changed"] is False
+
+
+def test_the_drain_gives_up_after_its_timeout_and_reports_what_is_left() -> None:
+    with _server(200, BUSY) as (port, _):
+        result = _drain(f"http://127.0.0.1:{port}", timeout=1, interval=0.2)
+    assert result["drained"] is False and result["in_flight"] == 3, result
+
+
+def test_a_replica_that_does_not_answer_has_nothing_in_flight() -> None:
+    result = _drain(f"http://127.0.0.1:{_closed_port()}", timeout=5)
+    assert result["drained"] is True and result["answered"] is False, result
+
+
+def test_the_rolling_restart_puts_every_replica_back_also_from_a_handler() -> None:
+    """restart_one.yml runs from the vllm role's handler, where Ansible skips a block's always:
+    section (a config change then left both replicas marked drained). The markers are removed
+    by a plain task after the health wait."""
+    tasks = yaml.safe_load((REPO / "roles" / "vllm" / "tasks" / "restart_one.yml").read_text())
+    assert not [t for t in tasks if "block" in t or "always" in t]
+    names = [t["name"].split(" |")[0] for t in tasks]
+    assert names.index("Take the replica out of the gateways' rotation") < names.index("Restart one replica")
+    assert names.index("Wait until the replica serves again") < names.index("Put the replica back in the gateways' rotation")
