@@ -59,10 +59,27 @@ molecule: bundle-test
 	$(MAKE) --no-print-directory molecule-run
 
 .PHONY: molecule-run
+# MOLECULE_ARGS=--destroy=never keeps the containers of the last scenario for a look (molecule destroy -s S).
 molecule-run:
-	@for s in $(SCENARIOS); do echo "=== molecule test -s $$s"; molecule test -s $$s; done
+	@for s in $(SCENARIOS); do echo "=== molecule test -s $$s $(MOLECULE_ARGS)"; molecule test -s $$s $(MOLECULE_ARGS); done
 
 test: lint unit molecule
+
+# The gpu scenario against NVIDIA's Ubuntu repositories (stub packages with Ubuntu's names and
+# versions, tests/fixtures/nvidia-repo/README.md): a bundle per flavour, then `molecule test -s gpu`.
+# `make test` runs the Debian flavour (the test bundle) and ubuntu2404 (the lab's OS); this target
+# runs the ones given (all by default). The containers stay Debian 12: only Debian's archive is
+# reachable here (README, "verified where").
+GPU_FLAVOURS ?= ubuntu2404 ubuntu2204
+.PHONY: test-gpu-flavours
+test-gpu-flavours: bundle-test
+	@for f in $(GPU_FLAVOURS); do \
+	  echo "=== molecule test -s gpu, NVIDIA repository flavour $$f"; \
+	  python3 tests/fixtures/nvidia-repo/flavour_profile.py $$f build/profiles/test-$$f.yml && \
+	  labctl bundle build --profile build/profiles/test-$$f.yml --out build/bundles/test-$$f \
+	    --base-image $(LABCTL_TEST_IMAGE) >/dev/null && \
+	  LABCTL_BUNDLE=$(CURDIR)/build/bundles/test-$$f LABCTL_NVIDIA_FLAVOUR=$$f molecule test -s gpu || exit 1; \
+	done
 
 # Not in `make test` (CI budget): three hosts on an internal network, four vLLM replicas, a GPU host
 # stopped mid-run (docs/runbooks/scale-out.md). The fingerprint is read after the bundle exists.

@@ -104,6 +104,62 @@ def labctl_dashboard_defaults(dashboard: dict[str, Any] | str, values: dict[str,
     return result
 
 
+def labctl_upstream_version(version: str) -> str:
+    """The upstream part of a Debian version: '1:580.95.05-0ubuntu1' -> '580.95.05'."""
+    text = str(version).strip().split(":", 1)[-1]
+    return text.rsplit("-", 1)[0] if "-" in text else text
+
+
+def labctl_same_upstream(versions: list[str], version: str) -> list[str]:
+    """The versions (in their order) whose upstream part is that of ``version``: NVIDIA packages of one
+    driver release carry different Debian revisions (Ubuntu's driver 580.95.05-0ubuntu1, fabric
+    manager 580.95.05-1)."""
+    want = labctl_upstream_version(version)
+    return [v for v in versions if labctl_upstream_version(v) == want]
+
+
+def labctl_release_choice(offered: dict[str, list[str]], version: str) -> dict[str, list[str]]:
+    """For each package (name -> the versions apt offers, newest first), the first version of the
+    same upstream release as ``version``: {"install": ["name=version", ...], "missing": [names]}."""
+    install, missing = [], []
+    for name, versions in offered.items():
+        same = labctl_same_upstream(list(versions), version)
+        if same:
+            install.append(f"{name}={same[0]}")
+        else:
+            missing.append(name)
+    return {"install": install, "missing": missing}
+
+
+def labctl_plan_refusals(gpus: list[dict[str, Any]], model: str, given: dict[str, Any]) -> list[str]:
+    """Why the vLLM plan of a host cannot start, with `labctl plan`'s numbers (labctl.plan): ``gpus``
+    as gpu_facts reports them, ``model`` lab_model_name, ``given`` the vllm_*/lab_vllm_* variables
+    the host sets (None: not set; the vllm role's defaults then apply). [] when the GPUs are not
+    known yet (no driver) or the model has no memory profile."""
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    if src not in sys.path:
+        sys.path.insert(0, src)
+    try:
+        from labctl import plan as memory
+        from labctl import plan_cli
+    except ImportError as exc:  # pragma: no cover - the project's venv has them
+        raise AnsibleFilterError(f"labctl_plan_refusals needs the labctl package (the project's venv): {exc}") from exc
+    if not gpus or model not in memory.MODEL_PROFILES:
+        return []
+    hostvars = {name: value for name, value in (given or {}).items() if value is not None}
+    try:
+        report = plan_cli.plan_for_host(
+            "this host", hostvars, plan_cli.role_defaults(),
+            [memory.Gpu(str(g.get("name")), int(g["memory_total_mib"])) for g in gpus],
+            plan_cli.Overrides(model, None, None, None, {}, memory.DEFAULT_REQUEST_TOKENS))
+    except (plan_cli.InputError, KeyError, TypeError, ValueError) as exc:
+        raise AnsibleFilterError(f"memory plan: {exc}") from exc
+    return memory.refusals(report.plan)
+
+
 class FilterModule:
     """Jinja2 filters for labctl."""
 
@@ -114,4 +170,8 @@ class FilterModule:
             "labctl_restart_queue": labctl_restart_queue,
             "labctl_port_clashes": labctl_port_clashes,
             "labctl_dashboard_defaults": labctl_dashboard_defaults,
+            "labctl_upstream_version": labctl_upstream_version,
+            "labctl_same_upstream": labctl_same_upstream,
+            "labctl_release_choice": labctl_release_choice,
+            "labctl_plan_refusals": labctl_plan_refusals,
         }

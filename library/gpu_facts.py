@@ -19,8 +19,10 @@ description:
     unknown C(nvidia-smi) error (for example a GPU that has fallen off the bus) fail the task, quoting
     the offending line.
   - NVSwitch systems (HGX/DGX 8-GPU baseboards, which need nvidia-fabricmanager) are recognised from the
-    C(Fabric) section of C(nvidia-smi -q) (a C(State) other than C(N/A)/C(Not Supported)) or from an
-    NVIDIA device of PCI class C(Bridge) in C(lspci -d 10de:). C(lspci) is optional.
+    PCI devices in sysfs (vendor C(0x10de), class C(0x0680xx) "other bridge": the NVSwitch), from an
+    NVIDIA device of PCI class C(Bridge) in C(lspci -d 10de:) (optional) or from the C(Fabric) section of
+    C(nvidia-smi -q) (a C(State) other than C(N/A)/C(Not Supported)). The PCI checks need no driver, so a
+    fresh HGX host is recognised before its first driver install.
   - Never changes anything; runs in check mode.
   - Runs on target Pythons from 3.8 on.
 options:
@@ -30,10 +32,15 @@ options:
     type: path
   detect_nvswitch:
     description:
-      - Run C(nvidia-smi -q) and C(lspci -d 10de:) to set C(gpu_nvswitch). When false, C(gpu_nvswitch)
-        is always false.
+      - Read the PCI devices and run C(lspci -d 10de:) and C(nvidia-smi -q) to set C(gpu_nvswitch). When
+        false, C(gpu_nvswitch) is always false.
     type: bool
     default: true
+  sysfs_root:
+    description:
+      - Where sysfs is mounted (the PCI devices are read from C(<sysfs_root>/bus/pci/devices)).
+    type: path
+    default: /sys
 author:
   - labctl maintainers
 """
@@ -100,6 +107,10 @@ ansible_facts:
     gpu_nvswitch:
       description: Whether the GPUs sit on an NVSwitch fabric (fabric manager needed).
       type: bool
+    gpu_pci_count:
+      description:
+        - NVIDIA GPUs on the PCI bus (vendor C(0x10de), class C(0x0300xx) or C(0x0302xx)), driver or not.
+      type: int
     gpu_facts_reason:
       description: Empty when the GPUs were read; otherwise why there are no GPU facts.
       type: str
@@ -150,6 +161,10 @@ NO_FABRIC_STATES = ("N/A", "Not Supported", "[N/A]", "[Not Supported]", "")
 # `lspci -d 10de:` class "Bridge" (0680, "other bridge") is the NVSwitch; "PCI bridge" (0604) and
 # "Host bridge" (0600) are root ports and CPU bridges, which NVIDIA-built boards may also list.
 _LSPCI_BRIDGE = re.compile(r"^\S+\s+Bridge(?:\s+\[0680\])?:")
+NVIDIA_VENDOR = "0x10de"
+# PCI classes (sysfs `class`, 0xCCSSPP): 0x0680 other bridge (NVSwitch), 0x0300 VGA, 0x0302 3D controller.
+NVSWITCH_CLASS = "0x0680"
+GPU_CLASSES = ("0x0300", "0x0302")
 
 
 class ParseError(ValueError):
@@ -256,6 +271,37 @@ def parse_nvswitch(q_text, lspci_text):
     return False
 
 
+def pci_devices(sysfs_root):
+    """(address, class, device) of every NVIDIA PCI function in sysfs; [] when unreadable."""
+    base = os.path.join(sysfs_root, "bus", "pci", "devices")
+    found = []
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return found
+    for name in names:
+        try:
+            with open(os.path.join(base, name, "vendor")) as handle:
+                vendor = handle.read().strip().lower()
+            if vendor != NVIDIA_VENDOR:
+                continue
+            with open(os.path.join(base, name, "class")) as handle:
+                pci_class = handle.read().strip().lower()
+            with open(os.path.join(base, name, "device")) as handle:
+                device = handle.read().strip().lower()
+        except OSError:
+            continue
+        found.append((name, pci_class, device))
+    return found
+
+
+def pci_summary(devices):
+    """(NVSwitch present, GPU count) from pci_devices()."""
+    nvswitch = any(pci_class.startswith(NVSWITCH_CLASS) for _name, pci_class, _device in devices)
+    gpus = sum(1 for _name, pci_class, _device in devices if pci_class[:6] in GPU_CLASSES)
+    return nvswitch, gpus
+
+
 def driver_branch(version):
     """'580.95.05' -> '580'; '' for no version."""
     if not version:
@@ -263,7 +309,7 @@ def driver_branch(version):
     return version.split(".", 1)[0]
 
 
-def _facts(gpus, reason, nvswitch=False):
+def _facts(gpus, reason, nvswitch=False, pci_count=0):
     version = ""
     for gpu in gpus:
         if gpu["driver_version"]:
@@ -275,6 +321,7 @@ def _facts(gpus, reason, nvswitch=False):
         "gpu_driver_version": version,
         "gpu_driver_branch": driver_branch(version),
         "gpu_nvswitch": nvswitch,
+        "gpu_pci_count": pci_count,
         "gpu_facts_reason": reason,
     }
 
@@ -284,26 +331,40 @@ def main():
         argument_spec={
             "nvidia_smi": {"type": "path"},
             "detect_nvswitch": {"type": "bool", "default": True},
+            "sysfs_root": {"type": "path", "default": "/sys"},
         },
         supports_check_mode=True,
     )
     # Untranslated output from nvidia-smi and lspci.
     module.run_command_environ_update = {"LANG": "C", "LC_ALL": "C"}
+    detect = module.params["detect_nvswitch"]
+
+    # The PCI bus first: it needs no driver (a fresh host, a driver that does not load).
+    pci_nvswitch, pci_count = pci_summary(pci_devices(module.params["sysfs_root"]))
+    lspci_out = ""
+    if detect:
+        lspci = module.get_bin_path("lspci")
+        if lspci:
+            l_rc, l_out, _l_err = module.run_command([lspci, "-d", "10de:"])
+            lspci_out = l_out if l_rc == 0 else ""
+    bus_nvswitch = detect and (pci_nvswitch or parse_nvswitch("", lspci_out))
+
+    def done(gpus, reason, nvswitch=bus_nvswitch):
+        module.exit_json(changed=False, ansible_facts=_facts(gpus, reason, nvswitch, pci_count))
 
     smi = module.params["nvidia_smi"]
     if smi:
         if not (os.path.isfile(smi) and os.access(smi, os.X_OK)):
-            module.exit_json(changed=False, ansible_facts=_facts(
-                [], "nvidia-smi not found at %s (no NVIDIA driver installed)" % smi))
+            done([], "nvidia-smi not found at %s (no NVIDIA driver installed)" % smi)
     else:
         smi = module.get_bin_path("nvidia-smi")
         if not smi:
-            module.exit_json(changed=False, ansible_facts=_facts([], NOT_FOUND_REASON))
+            done([], NOT_FOUND_REASON)
 
     rc, out, err = module.run_command([smi] + QUERY_ARGS)
     said = (out + "\n" + err).strip()
     if NO_DEVICES in said:
-        module.exit_json(changed=False, ansible_facts=_facts([], NO_DEVICES))
+        done([], NO_DEVICES)
     warnings = [line.strip() for line in said.splitlines() if line.strip().startswith("WARNING:")]
     for warning in warnings:
         module.warn("nvidia-smi: " + warning)
@@ -311,7 +372,7 @@ def main():
     if rc != 0 and not (rc == RC_INFOROM_CORRUPTED and warnings):
         if any(marker in said for marker in DRIVER_TROUBLE):
             reason = " ".join(line.strip() for line in said.splitlines() if line.strip())
-            module.exit_json(changed=False, ansible_facts=_facts([], reason))
+            done([], reason)
         module.fail_json(msg="nvidia-smi failed (rc %d): %s" % (rc, said), rc=rc, stdout=out, stderr=err)
 
     try:
@@ -319,20 +380,14 @@ def main():
     except ParseError as exc:
         module.fail_json(msg=str(exc), rc=rc, stdout=out, stderr=err)
     if not gpus:
-        module.exit_json(changed=False, ansible_facts=_facts([], "nvidia-smi listed no GPU"))
+        done([], "nvidia-smi listed no GPU")
 
-    nvswitch = False
-    if module.params["detect_nvswitch"]:
-        _q_rc, q_out, _q_err = module.run_command([smi, "-q"])
-        lspci_out = ""
-        lspci = module.get_bin_path("lspci")
-        if lspci:
-            l_rc, l_out, _l_err = module.run_command([lspci, "-d", "10de:"])
-            lspci_out = l_out if l_rc == 0 else ""
+    nvswitch = bus_nvswitch
+    if detect and not nvswitch:
         # -q output is read whatever the exit status (14 with a corrupted infoROM still lists all)
+        _q_rc, q_out, _q_err = module.run_command([smi, "-q"])
         nvswitch = parse_nvswitch(q_out, lspci_out)
-
-    module.exit_json(changed=False, ansible_facts=_facts(gpus, "", nvswitch))
+    done(gpus, "", nvswitch)
 
 
 if __name__ == "__main__":

@@ -397,3 +397,20 @@ def plan_host(
         warnings=tuple(_settings_warnings(gpus, model, settings, count)),
         recommendation=recommend(gpus, model, settings),
     )
+
+
+# Warnings that mean a replica cannot start at all (vLLM refuses it); preflight refuses a plan
+# with any of them, quoting the same text `labctl plan` prints.
+_CANNOT_START = ("does not fit:", "vLLM refuses")
+
+
+def refusals(plan: HostPlan) -> list[str]:
+    """What stops a replica of ``plan`` from starting, one line per reason, worded as `labctl plan`
+    prints it ("replicas 0, 1: KV cache holds ...")."""
+    found = [w for w in plan.warnings if any(m in w for m in _CANNOT_START)]
+    by_text: dict[str, list[str]] = {}
+    for replica in plan.replicas:
+        for warning in replica.warnings:
+            if any(m in warning for m in _CANNOT_START):
+                by_text.setdefault(warning, []).append(str(replica.index))
+    return found + [f"{'replica' if len(ids) == 1 else 'replicas'} {', '.join(ids)}: {text}" for text, ids in by_text.items()]

@@ -77,9 +77,22 @@ class AptSource(_Strict):
         return self
 
 
+class AptPin(_Strict):
+    """An apt preferences stanza (priority 1000) the resolver uses, as the target will."""
+
+    packages: str = Field(min_length=1, description="the Package: field, e.g. 'src:*nvidia*:any'")
+    version: str = Field(min_length=1, description="the version to prefer, e.g. '580.*' or '580.95.05-*'")
+
+    def stanza(self) -> str:
+        return f"Package: {self.packages}\nPin: version {self.version}\nPin-Priority: 1000\n"
+
+
 class PackageGroup(_Strict):
     packages: list[str] = Field(min_length=1)
     sources: list[str] = Field(default_factory=list, description="sources this group needs")
+    pin: AptPin | None = Field(
+        default=None, description="resolve with this apt pin (the one the target's role writes), e.g. a driver release"
+    )
 
 
 class Apt(_Strict):

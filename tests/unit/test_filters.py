@@ -70,3 +70,24 @@ def test_dashboard_defaults_set_the_spend_prices_of_the_shipped_dashboard() -> N
     assert filters.labctl_dashboard_defaults(path.read_text(), {"usd_per_mtok_input": 0.2, "usd_per_mtok_output": "0.8"}) == changed
     with pytest.raises(AnsibleFilterError, match="no variable.*usd_per_mtok_inptu"):
         filters.labctl_dashboard_defaults(dashboard, {"usd_per_mtok_inptu": 1})
+
+
+def test_upstream_version_drops_epoch_and_revision() -> None:
+    assert filters.labctl_upstream_version("580.95.05-0ubuntu1") == "580.95.05"
+    assert filters.labctl_upstream_version("1:1.1.13-1build1") == "1.1.13"
+    assert filters.labctl_upstream_version("580.95.05") == "580.95.05"
+
+
+def test_fabric_manager_versions_match_the_driver_on_the_upstream_part() -> None:
+    # `apt-cache madison nvidia-fabricmanager` on Ubuntu 24.04 with NVIDIA's repo: the driver is
+    # 580.95.05-0ubuntu1, fabric manager 580.95.05-1 (installing "=<driver version>" is refused).
+    madison = ["580.105.08-1", "580.95.05-1", "580.82.07-1"]
+    assert filters.labctl_same_upstream(madison, "580.95.05-0ubuntu1") == ["580.95.05-1"]
+    assert filters.labctl_same_upstream(madison, "580.95.05-1") == ["580.95.05-1"]
+    assert filters.labctl_same_upstream(madison, "580.65.06-0ubuntu1") == []
+
+
+def test_fabric_manager_and_nscq_are_chosen_per_release() -> None:
+    offered = {"nvidia-fabricmanager": ["580.105.08-1", "580.95.05-1"], "libnvidia-nscq": ["580.105.08-1"]}
+    choice = filters.labctl_release_choice(offered, "580.95.05-0ubuntu1")
+    assert choice == {"install": ["nvidia-fabricmanager=580.95.05-1"], "missing": ["libnvidia-nscq"]}

@@ -182,6 +182,31 @@ def _replay(path: Path, fixture: str | Path, rc: int) -> Path:
     return _executable(path, f"#!/bin/sh\ncat '{FIXTURES / fixture}'\nexit {rc}\n")
 
 
+# lspci's class names -> sysfs `class` values (0xCCSSPP).
+_PCI_CLASSES = {"Bridge": "0x068000", "3D controller": "0x030200", "VGA compatible controller": "0x030000"}
+# Device IDs of the lspci lines that carry a name instead (pci.ids); detection reads only the class.
+_PCI_IDS = {"GH100 [H200 SXM 141GB]": "2335", "GA100 [A100 SXM4 80GB]": "20b2"}
+
+
+def _sysfs(root: Path, machine: str) -> Path:
+    """A sysfs PCI tree with the machine's NVIDIA functions (from its recorded `lspci -d 10de:`)
+    and two Intel ones (a root port and a host bridge, which must not count)."""
+    devices = root / "bus" / "pci" / "devices"
+    rows = [("0000:00:00.0", "0x8086", "0x060000", "0x09a2"), ("0000:00:01.0", "0x8086", "0x060400", "0x347a")]
+    for line in _data(machine)["lspci"].splitlines():
+        address, rest = line.split(" ", 1)
+        kind, _sep, name = rest.partition(": ")
+        model = name.removeprefix("NVIDIA Corporation ").rsplit(" (rev", 1)[0]
+        device = model.split("Device ", 1)[1] if model.startswith("Device ") else _PCI_IDS[model]
+        rows.append((f"0000:{address}", "0x10de", _PCI_CLASSES[kind], "0x" + device))
+    for address, vendor, pci_class, device in rows:
+        node = devices / address
+        node.mkdir(parents=True)
+        for key, value in (("vendor", vendor), ("class", pci_class), ("device", device)):
+            (node / key).write_text(value + "\n")
+    return root
+
+
 def _ansible(args: dict[str, Any], env: dict[str, str], check: bool = False) -> dict[str, Any]:
     # The default callback (not -o): it also prints the module's warnings, on stderr.
     cmd = [str(BIN / "ansible"), "localhost", "-c", "local", "-m", "gpu_facts"]
@@ -256,6 +281,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     inforom.write_text("WARNING: infoROM is corrupted at gpu 0000:18:00.0\n" + _csv("h200x2"))
     cases["inforom"] = ({"nvidia_smi": str(_replay(tmp / "smi-inforom", inforom, 14)), "detect_nvswitch": False},
                         {}, False)
+    # A fresh host: no driver, no nvidia-smi, no lspci; only the PCI devices in sysfs
+    for machine in ("h100x8-hgx", "h200x2"):
+        cases[f"fresh-{machine}"] = ({"sysfs_root": str(_sysfs(tmp / f"sys-{machine}", machine))},
+                                     {"PATH": f"{empty_bin}:{BIN}:/usr/bin:/bin"}, False)
+    cases["fresh-hgx-no-detect"] = ({"sysfs_root": str(tmp / "sys-h100x8-hgx"), "detect_nvswitch": False},
+                                    {"PATH": f"{empty_bin}:{BIN}:/usr/bin:/bin"}, False)
     # The project's ansible.cfg (callbacks, inventory) is not what is tested here, and costs time
     config = tmp / "ansible.cfg"
     config.write_text("[defaults]\n")
@@ -335,6 +366,18 @@ def test_module_without_nvidia_smi(runs: dict[str, dict[str, Any]]) -> None:
     facts = _facts(runs["missing"])
     assert facts["gpu_count"] == 0
     assert facts["gpu_facts_reason"] == "nvidia-smi not found (no NVIDIA driver installed)"
+
+
+def test_a_fresh_hgx_host_is_an_nvswitch_host_before_any_driver(runs: dict[str, dict[str, Any]]) -> None:
+    """Fabric manager is installed in the same run as the driver: the NVSwitches (PCI class
+    0x0680, NVIDIA) are seen on the bus before nvidia-smi exists."""
+    hgx = _facts(runs["fresh-h100x8-hgx"])
+    assert hgx["gpu_count"] == 0 and hgx["gpu_facts_reason"] == "nvidia-smi not found (no NVIDIA driver installed)"
+    assert hgx["gpu_nvswitch"] is True and hgx["gpu_pci_count"] == 8
+    pair = _facts(runs["fresh-h200x2"])
+    assert pair["gpu_nvswitch"] is False and pair["gpu_pci_count"] == 2
+    off = _facts(runs["fresh-hgx-no-detect"])
+    assert off["gpu_nvswitch"] is False and off["gpu_pci_count"] == 8
 
 
 def test_module_fails_on_garbage_quoting_the_line(runs: dict[str, dict[str, Any]]) -> None:

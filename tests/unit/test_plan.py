@@ -321,3 +321,34 @@ def test_cli_live_gpu_facts_over_local_connection(tmp_path: Path, monkeypatch: p
     # 80 GB H100s at the lab's 0.80 keep ~0.7 GiB each: the advice is TP 2 (4 replicas).
     rec = host["recommendation"]
     assert (rec["tensor_parallel_size"], rec["replicas"], rec["fits"]) == (2, 4, True)
+
+
+def _refusals_filter() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("labctl_filters", REPO / "filter_plugins" / "labctl_filters.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.labctl_plan_refusals
+
+
+def test_preflight_refuses_what_labctl_plan_says_cannot_start() -> None:
+    """8 x H100 80 GB with the defaults: labctl plan warns that a replica's KV cache holds less
+    than one vllm_max_model_len sequence; preflight's filter gives the same line, same numbers."""
+    h100 = REPO / "tests" / "fixtures" / "nvidia-smi" / "h100x8-hgx.json"
+    data = _json("-i", str(LAB), "--facts", str(h100))
+    warnings = data["hosts"][0]["warnings"]
+    gpus = [{"name": g["name"], "memory_total_mib": g["memory.total"]} for g in json.loads(h100.read_text())["gpus"]]
+    refusals = _refusals_filter()(gpus, "gpt-oss-120b", {"lab_vllm_tensor_parallel_size": 1})
+    assert len(refusals) == 1 and "vLLM refuses to start" in refusals[0], refusals
+    assert refusals[0] in warnings, (refusals, warnings)
+    assert refusals[0].startswith("replicas 0, 1, 2, 3, 4, 5, 6, 7: KV cache holds ")
+    # The lab's two H200s start; an unknown model or no GPU sizes yet (no driver): nothing to refuse.
+    h200 = [{"name": "NVIDIA H200", "memory_total_mib": 143771}] * 2
+    assert _refusals_filter()(h200, "gpt-oss-120b", {}) == []
+    assert _refusals_filter()([], "gpt-oss-120b", {}) == []
+    assert _refusals_filter()(h200, "tiny-llama", {"vllm_gpu_memory_utilization": 0.3}) == []
+    # A setting the host gives wins over the role default, as in the vllm role.
+    (line,) = _refusals_filter()(h200, "gpt-oss-120b", {"vllm_gpu_memory_utilization": "0.46"})
+    assert "KV cache holds 46,155 tokens" in line and "lower vllm_max_model_len to 46,155" in line

@@ -27,7 +27,7 @@ def test_shipped_profiles_load() -> None:
     lab = load_profile("lab")
     assert lab.spec.target.abi == "cp312"
     optional = {s.name for s in lab.spec.apt.sources if s.optional}
-    assert optional == {"cuda", "grafana"}
+    assert optional == {"grafana"}  # NVIDIA's repository is required: no GPU bundle without the driver
     assert set(lab.spec.apt.groups) == {"nvidia", "grafana"}
 
 
@@ -89,3 +89,29 @@ def test_base_options_are_exclusive(runner: CliRunner, tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "either --base-image or --base-status" in result.stderr
+
+
+def test_the_lab_bundle_stops_without_nvidias_keyring(tmp_path: Path) -> None:
+    """The lab profile beside a keyrings/ directory that lacks NVIDIA's key (a fresh checkout):
+    the build stops naming the cuda source, instead of signing a bundle without a driver."""
+    import shutil
+
+    from labctl.bundle.apt_stage import AptResult, _sources
+    from labctl.bundle.errors import BuildError
+    from labctl.bundle.staging import Staging
+    from labctl.progress import PlainReporter
+
+    profile = tmp_path / "lab.yml"
+    ubuntu_key = tmp_path / "ubuntu-archive-keyring.gpg"
+    ubuntu_key.write_bytes(b"stand-in key")
+    text = (Path(__file__).resolve().parents[2] / "profiles" / "lab.yml").read_text()
+    profile.write_text(text.replace("/usr/share/keyrings/ubuntu-archive-keyring.gpg", str(ubuntu_key)))
+    (tmp_path / "keyrings").mkdir()
+    staging = Staging.start(tmp_path / "out", PlainReporter())
+    try:
+        with pytest.raises(BuildError) as err:
+            _sources(load_profile(str(profile)), AptResult(), staging)
+    finally:
+        shutil.rmtree(staging.root, ignore_errors=True)
+    assert "apt.sources[2] (cuda): signed_by keyring" in str(err.value)
+    assert "cuda-archive-keyring.gpg not found (apt.groups nvidia need it)" in str(err.value)

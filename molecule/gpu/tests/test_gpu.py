@@ -10,37 +10,53 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-DRIVER = "580.95.05-1"
+# The NVIDIA repository the bundle's stub packages mirror (make test-gpu-flavours sets it).
+FLAVOUR = os.environ.get("LABCTL_NVIDIA_FLAVOUR") or "debian12"
+DEBIAN = FLAVOUR == "debian12"
+REV = "1" if DEBIAN else "0ubuntu1"
+DRIVER = f"580.95.05-{REV}"
+NEWER = f"580.105.08-{REV}"
+# The compute-only set the role installs (roles/nvidia_driver/vars/main.yml), per packaging.
+ANCHOR = "nvidia-driver-cuda" if DEBIAN else "libnvidia-compute-580"
+SMI = "nvidia-smi" if DEBIAN else "nvidia-utils-580"
+PERSISTENCED = "nvidia-persistenced" if DEBIAN else "nvidia-compute-utils-580"
+DESKTOP = (["nvidia-open", "nvidia-driver", "cuda-drivers"] if DEBIAN
+           else ["nvidia-open-580", "nvidia-driver-580-open", "libnvidia-gl-580", "cuda-drivers-580", "nvidia-open"])
 
 
-def test_driver_580_replaced_575(host):
-    pkg = host.package("nvidia-open")
+def test_driver_580_replaced_575_compute_only(host):
+    pkg = host.package(ANCHOR)
     assert pkg.is_installed and pkg.version == DRIVER
+    # Nothing of the 575 release is left (on Ubuntu the names change with the branch).
     assert not host.run("dpkg -l | grep -E '^ii .*575\\.57\\.08'").stdout
+    # Compute only: no desktop meta, no GL stack.
+    assert [name for name in DESKTOP if host.package(name).is_installed] == []
 
 
 def test_driver_packages_are_held_and_pinned(host):
     held = host.check_output("apt-mark showhold").split()
-    for name in ("nvidia-open", "nvidia-smi", "nvidia-persistenced"):
+    for name in (ANCHOR, SMI, PERSISTENCED):
         assert name in held, name
     pin = host.file("/etc/apt/preferences.d/labctl-nvidia-driver").content_string
-    assert "Pin: version 580.95.05*" in pin and "Pin-Priority: 1000" in pin
+    assert "Package: src:*nvidia*:any" in pin and "Pin: version 580.95.05-*" in pin and "Pin-Priority: 1000" in pin
+    assert "Pin-Priority: -1" not in pin  # the driver's dependencies from other sources stay installable
 
 
 def test_apt_upgrade_does_not_move_the_driver(host):
     # The bundle carries 580.105.08 (same branch) and 590 (next branch): neither may come in.
-    assert "580.105.08-1" in host.check_output("apt-cache madison nvidia-open")
+    assert NEWER in host.check_output(f"apt-cache madison {ANCHOR}")
     sim = host.check_output("apt-get -s upgrade")
-    assert "nvidia" not in sim.lower() or "kept back" in sim.lower()
     assert "Inst nvidia" not in sim and "Inst libnvidia" not in sim
     host.run_test("apt-get -y upgrade")
-    assert host.package("nvidia-open").version == DRIVER
-    assert host.check_output("apt-cache policy nvidia-open | sed -n 's/ *Candidate: //p'") == DRIVER
+    assert host.package(ANCHOR).version == DRIVER
+    assert host.check_output(f"apt-cache policy {ANCHOR} | sed -n 's/ *Candidate: //p'") == DRIVER
 
 
 def test_persistence_daemon_runs_in_persistence_mode(host):
     svc = host.service("nvidia-persistenced")
-    assert svc.is_enabled and svc.is_running
+    assert svc.is_running
+    # Started at boot: enabled, or (Ubuntu's static unit) wanted by multi-user.target.
+    assert svc.is_enabled or host.file("/etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service").is_symlink
     assert "--persistence-mode" in host.check_output("systemctl show -p ExecStart --value nvidia-persistenced")
 
 
@@ -87,10 +103,22 @@ def _state(host) -> str:
           "nvidia_driver_kernel_modules",
           "unknown variable nvidia_driver_brnach (did you mean nvidia_driver_branch?)"]),
         (["-e", "lab_nvidia_driver_branch=570"], ["lab_nvidia_driver_branch=570 is too old"]),
+        # labctl plan's numbers for 2 x H200 at 0.46 (tests/unit/test_plan.py checks the same line)
+        (["-e", "lab_model_name=gpt-oss-120b", "-e", "vllm_gpu_memory_utilization=0.46"],
+         ["memory plan (labctl plan): replicas 0, 1: KV cache holds 46,155 tokens, less than one vllm_max_model_len "
+          "(128,000) sequence: vLLM refuses to start; lower vllm_max_model_len to 46,155"]),
+        # Secure Boot on (an efivarfs SecureBoot variable = 1), modules managed, no enrolled key
+        (["-e", "nvidia_driver_kernel_module_managed=true", "-e", "preflight_efivars_dir=/tmp/efivars-secure-boot"],
+         ["Secure Boot is on and nvidia_driver_secure_boot_key is not set: the kernel will refuse the DKMS-built "
+          "NVIDIA modules"]),
     ],
-    ids=["replicas-above-gpus", "all-problems-at-once", "driver-too-old"],
+    ids=["replicas-above-gpus", "all-problems-at-once", "driver-too-old", "kv-cache-below-one-sequence",
+         "secure-boot-without-key"],
 )
 def test_preflight_refuses_a_bad_plan_before_anything_changes(host, extra, expected):
+    efivars = "/tmp/efivars-secure-boot"
+    host.run_test(f"mkdir -p {efivars} && printf '\\006\\000\\000\\000\\001' "
+                  f"> {efivars}/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c")
     before = _state(host)
     result = _site(*extra)
     output = result.stdout + result.stderr
@@ -112,16 +140,27 @@ def test_second_run_changes_nothing_and_restarts_nothing(host):
     assert host.check_output("systemctl show -p MainPID --value nvidia-persistenced") == pid
 
 
+def test_a_newer_release_in_the_bundle_is_not_installed_unasked(host):
+    """The bundle carries 580.105.08 as well. With nvidia_driver_version empty (a site that did not
+    pin one), a run keeps the installed release and says what it keeps out."""
+    result = _site("-e", "nvidia_driver_version=")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert host.package(ANCHOR).version == DRIVER
+    assert f"keeps NVIDIA driver {DRIVER}; the repository also carries {NEWER}" in result.stdout
+    recap = [line for line in result.stdout.splitlines() if "changed=" in line]
+    assert recap and all("changed=0" in line for line in recap), recap
+
+
 def test_driver_change_waits_for_a_reboot_then_verifies(host):
     """On a real host (kernel modules managed, reboots not allowed) a driver change is reported,
     not verified, until the host rebooted; after the reboot the run verifies the new driver.
     A container restart is the reboot here: /run is a tmpfs, as on a real host."""
     real_host = ["-e", "nvidia_driver_kernel_module_managed=true", "-e", "nvidia_driver_install_kernel_headers=false",
-                 "-e", "nvidia_driver_version=580.105.08-1"]
+                 "-e", f"nvidia_driver_version={NEWER}"]
     first = _site(*real_host)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     assert "REBOOT REQUIRED" in first.stdout
-    assert host.package("nvidia-open").version == "580.105.08-1"
+    assert host.package(ANCHOR).version == NEWER
     assert host.file("/run/labctl/nvidia-driver-reboot-required").exists
     # Until the reboot, every run says so again instead of failing the verification.
     again = _site(*real_host)
@@ -135,3 +174,23 @@ def test_driver_change_waits_for_a_reboot_then_verifies(host):
     assert after.returncode == 0, after.stdout[-3000:] + after.stderr[-2000:]
     assert "REBOOT REQUIRED" not in after.stdout
     assert "driver 580.105.08 on every GPU" in after.stdout
+
+
+def test_an_hgx_host_gets_fabric_manager_in_the_same_run(host):
+    """Last (it leaves fabric manager installed). A board whose NVSwitches (NVIDIA, PCI class
+    0x0680; the H100/H200 baseboard's device 22a3) are on the bus: preflight sees them in sysfs,
+    before and whatever the driver, and the same run installs fabric manager and NSCQ of the
+    driver's release (on Ubuntu another revision than the driver's) and starts it."""
+    root = "/tmp/sys-hgx/bus/pci/devices"
+    nodes = [(f"0000:0{n}:00.0", "0x068000", "0x22a3") for n in range(5, 9)]
+    nodes += [(f"0000:{bus}:00.0", "0x030200", "0x2335") for bus in ("18", "9a")]
+    for address, pci_class, device in nodes:
+        host.run_test(f"mkdir -p {root}/{address} && echo 0x10de > {root}/{address}/vendor && "
+                      f"echo {pci_class} > {root}/{address}/class && echo {device} > {root}/{address}/device")
+    result = _site("-e", "preflight_sysfs_root=/tmp/sys-hgx", "-e", f"nvidia_driver_version={NEWER}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert host.package("nvidia-fabricmanager").version == "580.105.08-1"
+    assert host.package("libnvidia-nscq").version == "580.105.08-1"
+    assert host.service("nvidia-fabricmanager").is_running
+    held = host.check_output("apt-mark showhold").split()
+    assert "nvidia-fabricmanager" in held and "libnvidia-nscq" in held

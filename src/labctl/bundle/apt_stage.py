@@ -76,7 +76,9 @@ def _sources(profile: LoadedProfile, result: AptResult, staging: Staging) -> lis
                     reason = reason or probe(release_url(uri, suite))
         if reason is not None:
             if not source.optional:
-                raise BuildError(f"{field_name}: {reason}")
+                users = [name for name, group in profile.spec.apt.groups.items() if source.name in group.sources]
+                needed = f" (apt.groups {', '.join(users)} need it)" if users else ""
+                raise BuildError(f"{field_name}: {reason}{needed}")
             staging.reporter.warn(f"optional apt source {source.name} skipped: {reason}")
             result.skipped.append({"source": source.name, "uris": source.uris, "reason": reason, "groups": []})
             continue
@@ -107,6 +109,17 @@ def _wanted(profile: LoadedProfile, result: AptResult, staging: Staging) -> tupl
             if name not in wanted:
                 wanted.append(name)
     return wanted, where
+
+
+def _preferences(profile: LoadedProfile, result: AptResult) -> str:
+    """The pins of the groups that are resolved (a skipped group's pin would steer the others)."""
+    skipped = {entry["source"] for entry in result.skipped}
+    stanzas = [
+        f"# apt.groups.{name}.pin\n" + group.pin.stanza()
+        for name, group in profile.spec.apt.groups.items()
+        if group.pin is not None and not any(source in skipped for source in group.sources)
+    ]
+    return "\n".join(stanzas)
 
 
 def _fetch(apt: IsolatedApt, planned: list[Planned], staging: Staging) -> None:
@@ -199,6 +212,7 @@ def collect_apt(profile: LoadedProfile, cache: Path, base: BaseSpec, staging: St
             foreign_arches=target.foreign_arches,
             sources=sources,
             install_recommends=profile.spec.apt.install_recommends,
+            preferences=_preferences(profile, result),
         )
         staging.reporter.info(f"apt: update lists of {len(sources)} sources")
         apt.update()
