@@ -67,7 +67,7 @@ test: lint unit molecule
 
 # The gpu scenario against NVIDIA's Ubuntu repositories (stub packages with Ubuntu's names and
 # versions, tests/fixtures/nvidia-repo/README.md): a bundle per flavour, then `molecule test -s gpu`.
-# `make test` runs the Debian flavour (the test bundle) and ubuntu2404 (the lab's OS); this target
+# `make test` runs the Debian flavour (the test bundle); this target
 # runs the ones given (all by default). The containers stay Debian 12: only Debian's archive is
 # reachable here (README, "verified where").
 GPU_FLAVOURS ?= ubuntu2404 ubuntu2204

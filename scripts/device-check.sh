@@ -36,6 +36,10 @@
 #   <case>.table.txt, <case>.list.txt, <case>.version.txt   nvidia-smi, -L, --version
 #   <case>.facts.json  what gpu_facts returned
 #   <case>.checks.txt  the PASS/FAIL lines
+#   <case>.pci-sysfs.txt, .devices.txt, .secureboot.txt, .packages.txt, .persistenced-unit.txt
+#                      NVIDIA PCI functions (address class device), /proc/devices + /dev/nvidia*,
+#                      Secure Boot state, the installed driver packages (name version source) and
+#                      the persistence daemon's unit: what tests/fixtures/nvidia-repo models
 # Copy them into tests/fixtures/nvidia-smi/ as they are: tests/unit/test_gpu_facts.py picks up every
 # real-*.facts.json there as a real-output case (parser vs facts, stub vs raw query). Edit the
 # "description" of <case>.json to say which machine it was.
@@ -147,6 +151,18 @@ print(",".join(module.QUERY_FIELDS))')
   fi
   if command -v lspci >/dev/null 2>&1; then lspci -d 10de: >"$raw/lspci.txt" 2>&1 || true; else : >"$raw/lspci.txt"; fi
   if [[ -r /proc/driver/nvidia/version ]]; then cp /proc/driver/nvidia/version "$raw/proc-version.txt"; fi
+  # What the issue-16 doubles model, as this machine has it: NVIDIA PCI functions from sysfs
+  # (NVSwitch class 0x0680 before any driver), the UVM major and device nodes, the Secure Boot
+  # state, and the installed driver packages with their real names and versions.
+  for dev in /sys/bus/pci/devices/*; do
+    [[ "$(cat "$dev/vendor" 2>/dev/null)" == 0x10de ]] && echo "${dev##*/} $(cat "$dev/class") $(cat "$dev/device")"
+  done >"$raw/pci-sysfs.txt" 2>/dev/null || true
+  { grep -E 'nvidia' /proc/devices || true; ls -l /dev/nvidia* 2>&1 || true; } >"$raw/devices.txt"
+  if command -v mokutil >/dev/null 2>&1; then mokutil --sb-state >"$raw/secureboot.txt" 2>&1 || true
+  else od -An -tx1 /sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c >"$raw/secureboot.txt" 2>&1 || true; fi
+  dpkg-query -W -f '${db:Status-Status} ${Package} ${Version} ${Source}\n' '*nvidia*' 'libcuda*' 'cuda-drivers*' \
+    >"$raw/packages.txt" 2>&1 || true
+  systemctl cat nvidia-persistenced.service >"$raw/persistenced-unit.txt" 2>&1 || true
 
   # Name the case, write the files, judge. Python for the JSON; the parser is the module's own.
   PYTHONPATH="$site" "$py" - "$raw" "$out" "$fields" "$EXTRA_FIELDS" "$expect_branch" "$expect_gpus" <<'PY'
@@ -206,7 +222,10 @@ table = {"description": "REAL output of %s (%d GPU(s), driver %s), captured by s
 
 files = {".json": json.dumps(table, indent=2) + "\n", ".query.csv": query, ".q.txt": q_text,
          ".lspci.txt": lspci, ".table.txt": read("table.txt") or "", ".list.txt": read("list.txt") or "",
-         ".version.txt": read("version.txt") or "", ".facts.json": json.dumps(result, indent=2, sort_keys=True) + "\n"}
+         ".version.txt": read("version.txt") or "", ".facts.json": json.dumps(result, indent=2, sort_keys=True) + "\n",
+         ".pci-sysfs.txt": read("pci-sysfs.txt") or "", ".devices.txt": read("devices.txt") or "",
+         ".secureboot.txt": read("secureboot.txt") or "", ".packages.txt": read("packages.txt") or "",
+         ".persistenced-unit.txt": read("persistenced-unit.txt") or ""}
 
 lines = []
 

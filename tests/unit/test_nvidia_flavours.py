@@ -133,3 +133,52 @@ def test_bare_nvidia_open_is_the_newest_branch_on_ubuntu(stub_repos: Path) -> No
     versions = {s["Version"] for s in stanzas if s["Package"] == "nvidia-open"}
     assert versions == {"590.44.01-1ubuntu1"}
     assert {s["Version"] for s in stanzas if s["Package"] == "nvidia-open-580"} == {"580.95.05-0ubuntu1", "580.105.08-0ubuntu1"}
+
+
+# The preferences file the nvidia_driver role wrote before issue 16: the branch at 1000, every
+# other version of every nvidia-*/libnvidia-* name at -1.
+OLD_PIN = """Package: nvidia-* libnvidia-* libcuda1 libcuda1-* cuda-drivers cuda-drivers-* libxnvctrl*
+Pin: version 580.95.05*
+Pin-Priority: 1000
+
+Package: nvidia-* libnvidia-* libcuda1 libcuda1-* cuda-drivers cuda-drivers-* libxnvctrl*
+Pin: version *
+Pin-Priority: -1
+"""
+
+
+def _simulate(tmp_path: Path, preferences: str, packages: list[str], distro: Path) -> subprocess.CompletedProcess[str]:
+    from labctl.bundle.aptclosure import IsolatedApt, SourceSpec
+
+    keyring = OUT / "nvidia-stub-keyring.gpg"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    status = tmp_path / "status"
+    status.write_text("Package: base-files\nStatus: install ok installed\nVersion: 12.4\nArchitecture: amd64\n\n")
+    apt = IsolatedApt(state_dir=tmp_path / "apt", archives=tmp_path / "archives", base_status=status, arch="amd64",
+                      foreign_arches=[], install_recommends=False, preferences=preferences,
+                      sources=[SourceSpec("cuda", (f"file:{FLAVOURS['ubuntu2404']}",), ("./",), (), keyring),
+                               SourceSpec("distro", (f"file:{distro}",), ("./",), (), keyring)])
+    apt.update()
+    return apt.run("-s", "install", *packages)
+
+
+def test_the_pin_leaves_the_distributions_packages_alone(tmp_path: Path, distro_repo: Path) -> None:
+    """Ubuntu's libnvidia-gl-580 depends on the distribution's libnvidia-egl-wayland1
+    (1:1.1.13-1build1): the old pin's -1 on every libnvidia-* name outside the branch made the
+    driver's own dependency uninstallable, and its name globs missed packages of the driver's
+    source (xserver-xorg-video-nvidia-580 floated to the newest release). The role's pin (NVIDIA's
+    src: form at 1000, no -1) installs both, each at the pinned release."""
+    gl, desktop = ["libnvidia-gl-580=580.95.05-0ubuntu1"], ["nvidia-driver-580-open=580.95.05-0ubuntu1"]
+    old_gl = _simulate(tmp_path / "old-gl", OLD_PIN, gl, distro_repo)
+    assert old_gl.returncode != 0 and "libnvidia-egl-wayland1" in old_gl.stdout, old_gl.stdout[-1500:]
+    old_desktop = _simulate(tmp_path / "old-desktop", OLD_PIN, desktop, distro_repo)
+    assert old_desktop.returncode != 0, old_desktop.stdout[-1500:]
+    new_pin = (REPO / "roles" / "nvidia_driver" / "templates" / "etc" / "apt" / "preferences.d"
+               / "labctl-nvidia-driver.j2").read_text()
+    stanza = "\n".join(line for line in new_pin.splitlines() if line and not line.startswith(("#", "{{")))
+    stanza = stanza.replace("{{ __nvidia_driver_pin_version }}", "580.95.05-*") + "\n"
+    for packages in (gl, desktop):
+        new = _simulate(tmp_path / f"new-{packages[0].split('=')[0]}", stanza, packages, distro_repo)
+        assert new.returncode == 0, new.stdout[-2000:] + new.stderr[-2000:]
+        assert "Inst libnvidia-egl-wayland1 (1:1.1.13-1build1" in new.stdout
+        assert "580.105.08" not in new.stdout
