@@ -151,10 +151,16 @@ def test_a_newer_release_in_the_bundle_is_not_installed_unasked(host):
     assert recap and all("changed=0" in line for line in recap), recap
 
 
-def test_driver_change_waits_for_a_reboot_then_verifies(host):
-    """On a real host (kernel modules managed, reboots not allowed) a driver change is reported,
-    not verified, until the host rebooted; after the reboot the run verifies the new driver.
-    A container restart is the reboot here: /run is a tmpfs, as on a real host."""
+def _boot(host) -> str:
+    """PID 1's start time: a container's boot (the kernel's boot id is the machine's)."""
+    return host.check_output("cut -d' ' -f22 /proc/1/stat")
+
+
+def test_driver_change_waits_for_a_reboot_then_the_run_reboots_and_verifies(host):
+    """On a real host (kernel modules managed) a driver change is reported, not verified, until the
+    host rebooted. With reboots allowed, the GPU layer's reboot play reboots the host (a container
+    restart of its own: systemctl reboot under the restart policy; /run is a tmpfs, as on a real
+    host), waits for it, and verifies the new driver in the same run."""
     real_host = ["-e", "nvidia_driver_kernel_module_managed=true", "-e", "nvidia_driver_install_kernel_headers=false",
                  "-e", f"nvidia_driver_version={NEWER}"]
     first = _site(*real_host)
@@ -163,17 +169,27 @@ def test_driver_change_waits_for_a_reboot_then_verifies(host):
     assert host.package(ANCHOR).version == NEWER
     assert host.file("/run/labctl/nvidia-driver-reboot-required").exists
     # Until the reboot, every run says so again instead of failing the verification.
+    boot = _boot(host)
     again = _site(*real_host)
     assert again.returncode == 0 and "REBOOT REQUIRED" in again.stdout
     assert "Read the GPUs through the installed driver" not in again.stdout
-    name = host.check_output("hostname")
-    subprocess.run(["docker", "restart", name], check=True, capture_output=True, timeout=120)
-    subprocess.run(["docker", "exec", name, "systemctl", "is-system-running", "--wait"],
-                   capture_output=True, timeout=120, check=False)
-    after = _site(*real_host)
+    assert "nvidia_driver : Reboot into the new driver" not in again.stdout
+    assert _boot(host) == boot
+    rebooted = _site(*real_host, "-e", "nvidia_driver_reboot_allowed=true")
+    assert rebooted.returncode == 0, rebooted.stdout[-3000:] + rebooted.stderr[-2000:]
+    assert "REBOOT REQUIRED" not in rebooted.stdout
+    assert "reboots into NVIDIA driver" in rebooted.stdout
+    assert "TASK [nvidia_driver : Reboot into the new driver]" in rebooted.stdout
+    assert "driver 580.105.08 on every GPU" in rebooted.stdout
+    assert _boot(host) != boot
+    assert not host.file("/run/labctl/nvidia-driver-reboot-required").exists
+    # Loaded: the next run has nothing to reboot for and changes nothing.
+    after = _site(*real_host, "-e", "nvidia_driver_reboot_allowed=true")
     assert after.returncode == 0, after.stdout[-3000:] + after.stderr[-2000:]
-    assert "REBOOT REQUIRED" not in after.stdout
+    assert "Reboot into the new driver" not in after.stdout
     assert "driver 580.105.08 on every GPU" in after.stdout
+    recap = [line for line in after.stdout.splitlines() if "changed=" in line]
+    assert recap and all("changed=0" in line for line in recap), recap
 
 
 def test_an_hgx_host_gets_fabric_manager_in_the_same_run(host):

@@ -6,6 +6,7 @@ network answers from another host (docs/runbooks/scale-out.md, "Network")."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -305,3 +306,89 @@ for url in {down_urls!r}:
     assert codes == [200] * len(codes)
     assert sum(back_grown) > 0, back_grown
     assert _all_up(targets), [(t["labels"], t["health"]) for t in targets if t["health"] != "up"]
+
+
+def _boot(name: str) -> str:
+    """PID 1's start time: a container's boot (the kernel's boot id is the machine's)."""
+    return _docker("exec", name, "cut", "-d", " ", "-f22", "/proc/1/stat").strip()
+
+
+def test_gpu_hosts_reboot_into_a_new_driver_one_at_a_time_each_drained_first():
+    """Last (it leaves both GPU hosts on the newer driver). A driver upgrade with reboots allowed,
+    as docs/runbooks/driver-upgrade.md runs it, while requests flow through the gateway:
+    playbooks/gpu.yml installs 580.105.08 on both hosts (kernel modules managed: the change waits
+    for a reboot), then its reboot play takes one host at a time: its replicas leave the gateway's
+    rotation (drain markers) and finish, the host reboots (systemctl reboot; the container's
+    restart policy boots it again with a fresh /run), the driver is verified, the replicas serve and
+    return, and only then the next host goes. A watcher on the gateway host samples every
+    replica's /health and the markers twice a second.
+
+    Allowed: nothing fails. Senders pace one request per 5 s each, as in the host-down test: the
+    hosts share this machine's two cores with the serving replicas' busy-polling workers."""
+    newer = "580.105.08-1"
+    names = {(h, i): f"{PUBLIC}-{h}-{i}" for h in GPU_HOSTS for i in (0, 1)}
+    boots = {h: _boot(h) for h in GPU_HOSTS}
+    for name in ("traffic.py", "watch.py"):
+        subprocess.run(["docker", "cp", str(HERE / name), f"{GW}:/tmp/{name}"], check=True)
+    _docker("exec", GW, "rm", "-f", "/tmp/reboot.stop", "/tmp/reboot-traffic.json", "/tmp/reboot-watch.json")
+    _docker("exec", GW, "touch", "/tmp/reboot.stop.slow")
+    _docker("exec", "-d", GW, "python3", "/tmp/watch.py", "/run/labctl/drain", "/tmp/reboot.stop",
+            "/tmp/reboot-watch.json", *REPLICAS.values())
+    _docker("exec", "-d", GW, "python3", "/tmp/traffic.py", ENV_FILE, PUBLIC, "/tmp/reboot.stop",
+            "/tmp/reboot-traffic.json", "2")
+    time.sleep(10)
+    started = time.time()
+    cmd = ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(REPO / "playbooks" / "gpu.yml"),
+           "-e", "nvidia_driver_kernel_module_managed=true", "-e", "nvidia_driver_install_kernel_headers=false",
+           "-e", f"nvidia_driver_version={newer}", "-e", "nvidia_driver_reboot_allowed=true"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=2400, check=False, cwd=REPO)
+    took = time.time() - started
+    time.sleep(5)
+    _docker("exec", GW, "touch", "/tmp/reboot.stop")
+    for _ in range(330):
+        done = [subprocess.run(["docker", "exec", GW, "test", "-f", f"/tmp/{f}"], check=False).returncode == 0
+                for f in ("reboot-traffic.json", "reboot-watch.json")]
+        if all(done):
+            break
+        time.sleep(1)
+    requests = json.loads(_docker("exec", GW, "cat", "/tmp/reboot-traffic.json"))
+    samples = json.loads(_docker("exec", GW, "cat", "/tmp/reboot-watch.json"))
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+
+    def down(sample: dict, host: str) -> bool:
+        return not all(sample["up"][REPLICAS[(host, i)]] for i in (0, 1))
+
+    away = {h: [s["t"] for s in samples if down(s, h)] for h in GPU_HOSTS}
+    marked = {h: [s["t"] for s in samples if {names[(h, 0)], names[(h, 1)]} <= set(s["markers"])] for h in GPU_HOSTS}
+    unmarked_while_down = {h: [s["t"] for s in samples if down(s, h)
+                               and not {names[(h, 0)], names[(h, 1)]} <= set(s["markers"])] for h in GPU_HOSTS}
+    both_down = [s["t"] for s in samples if all(down(s, h) for h in GPU_HOSTS)]
+    failed = [r for r in requests if r["outcome"] != "ok"]
+    first, second = GPU_HOSTS
+    _report(serial_reboot={
+        "playbook_s": round(took, 1), "requests": len(requests), "failed": len(failed),
+        "samples": len(samples),
+        "away_s": {h: round(away[h][-1] - away[h][0], 1) if away[h] else None for h in GPU_HOSTS},
+        "marked_before_down_s": {h: round(away[h][0] - marked[h][0], 1) if away[h] and marked[h] else None
+                                 for h in GPU_HOSTS},
+        "gap_between_hosts_s": round(away[second][0] - away[first][-1], 1) if away[first] and away[second] else None,
+        "failures": [r["outcome"] for r in failed][:5],
+    })
+    # Both hosts rebooted, into the new driver, verified in this run, one after the other.
+    assert all(_boot(h) != boots[h] for h in GPU_HOSTS), boots
+    for h in GPU_HOSTS:
+        assert _docker("exec", h, "dpkg-query", "-W", "-f=${Version}", "nvidia-driver-cuda") == newer
+        assert subprocess.run(["docker", "exec", h, "test", "-e", "/run/labctl/nvidia-driver-reboot-required"],
+                              check=False).returncode == 1
+    assert run.stdout.count("driver 580.105.08 on every GPU") == 2, run.stdout[-4000:]
+    assert away[first] and away[second], away
+    assert away[first][-1] < away[second][0], (away[first][-1], away[second][0])
+    assert both_down == [], both_down[:5]
+    # Each host left the rotation before its replicas went down and came back only serving.
+    for h in GPU_HOSTS:
+        assert marked[h] and marked[h][0] < away[h][0], h
+        assert unmarked_while_down[h] == [], (h, unmarked_while_down[h][:5])
+    assert samples[-1]["markers"] == [], samples[-1]
+    # Requests kept succeeding throughout.
+    assert len(requests) >= 20, len(requests)
+    assert failed == [], failed[:5]
