@@ -63,7 +63,13 @@ molecule: bundle-test
 molecule-run:
 	@for s in $(SCENARIOS); do echo "=== molecule test -s $$s $(MOLECULE_ARGS)"; molecule test -s $$s $(MOLECULE_ARGS); done
 
-test: lint unit molecule
+test: lint unit lab-parts molecule
+
+# The lab bundle's parts against the real registries (network: PyPI, deb.debian.org; docker):
+# the apt part for Debian 12 with the strict NVIDIA double, the wheel sets resolved per OS.
+.PHONY: lab-parts
+lab-parts: venv bundle-test
+	pytest -p no:cacheprovider -s tests/bundle
 
 # The gpu scenario against NVIDIA's Ubuntu repositories (stub packages with Ubuntu's names and
 # versions, tests/fixtures/nvidia-repo/README.md): a bundle per flavour, then `molecule test -s gpu`.

@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from labctl.paths import profiles_dir
+from labctl.targets import OsRelease, UnsupportedTarget, manylinux_tags, os_release
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -25,11 +26,23 @@ class _Strict(BaseModel):
 class Target(_Strict):
     os: str = Field(description="distribution id, e.g. debian or ubuntu")
     release: str = Field(description="VERSION_ID, e.g. '12' or '24.04'")
-    codename: str
+    codename: str = Field(description="VERSION_CODENAME; default: the supported OS table's (src/labctl/targets.py)")
     arch: str = "amd64"
     foreign_arches: list[str] = Field(default_factory=list, description="extra dpkg architectures")
-    python: str = Field(description="the target's python3 X.Y")
+    python: str = Field(description="the target's python3 X.Y; default: the supported OS table's")
     python_abi: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_table(cls, value: Any) -> Any:
+        """codename and python default to what the supported OS ships."""
+        if isinstance(value, dict) and isinstance(value.get("os"), str) and isinstance(value.get("release"), str):
+            try:
+                known = os_release(value["os"], value["release"])
+            except UnsupportedTarget:
+                return value
+            value = {"codename": known.codename, "python": known.python, **value}
+        return value
 
     @field_validator("release", mode="before")
     @classmethod
@@ -54,9 +67,30 @@ class Target(_Strict):
             raise ValueError("must look like '3.11'")
         return value
 
+    @model_validator(mode="after")
+    def _supported(self) -> Target:
+        try:
+            known = os_release(self.os, self.release)
+        except UnsupportedTarget as exc:
+            raise ValueError(str(exc)) from None
+        if self.codename != known.codename:
+            raise ValueError(f"codename: {known.name} is {known.codename!r}, not {self.codename!r}")
+        if self.python not in known.pythons:
+            raise ValueError(f"python: {known.name} has Python {', '.join(known.pythons)}, not {self.python}")
+        return self
+
     @property
     def abi(self) -> str:
         return self.python_abi or "cp" + self.python.replace(".", "")
+
+    @property
+    def glibc(self) -> str:
+        return os_release(self.os, self.release).glibc
+
+    @property
+    def platforms(self) -> list[str]:
+        """The wheel platform tags this target runs: every manylinux tag its glibc allows."""
+        return manylinux_tags(self.glibc, self.arch)
 
 
 class AptSource(_Strict):
@@ -141,9 +175,16 @@ class WheelSet(_Strict):
 class Wheels(_Strict):
     requirements: list[str] = Field(default_factory=list, description="requirement lines")
     requirements_files: list[str] = Field(default_factory=list, description="relative to the profile")
-    platforms: list[str] = Field(default_factory=list, description="extra pip --platform tags")
+    platforms: list[str] = Field(default_factory=list, description="not set: the tags come from target's glibc")
     local: list[str] = Field(default_factory=list, description="dirs of .whl added verbatim")
     sets: dict[str, WheelSet] = Field(default_factory=dict, description="locked virtualenv sets by name")
+
+    @field_validator("platforms")
+    @classmethod
+    def _derived(cls, value: list[str]) -> list[str]:
+        if value:
+            raise ValueError("remove it: the manylinux tags are derived from the target's glibc (src/labctl/targets.py)")
+        return value
 
     @field_validator("sets")
     @classmethod
@@ -248,6 +289,12 @@ PRISMA_PLATFORMS = (
     "linux-static-x64", "linux-static-arm64",
 )
 PRISMA_MIRROR = "https://binaries.prisma.sh"
+# The Node.js Prisma 5.17's CLI runs on (prisma/prisma 5.17.0 package.json engines.node).
+PRISMA_MIN_NODE = (16, 13)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:2])
 
 
 def _default_prisma_platforms() -> list[str]:
@@ -313,6 +360,32 @@ class Profile(_Strict):
     models: list[Model] = Field(default_factory=list)
     prisma: Prisma | None = Field(default=None, description="Prisma CLI and engines (LiteLLM database mode)")
 
+    @model_validator(mode="after")
+    def _interpreter_bundled(self) -> Profile:
+        """A Python other than the distribution's python3 comes from the bundle, with venv and headers."""
+        known = os_release(self.target.os, self.target.release)
+        if self.target.python != known.python:
+            listed = set(self.apt.packages).union(*(group.packages for group in self.apt.groups.values()))
+            needed = [f"python{self.target.python}{suffix}" for suffix in ("", "-venv", "-dev")]
+            missing = [name for name in needed if name not in listed]
+            if missing:
+                raise ValueError(
+                    f"target.python {self.target.python} is not {known.name}'s python3 ({known.python}): "
+                    f"the bundle must carry {', '.join(missing)} (apt.packages or a group)"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _node_for_prisma(self) -> Profile:
+        known = os_release(self.target.os, self.target.release)
+        if self.prisma is not None and _version(known.nodejs) < PRISMA_MIN_NODE:
+            raise ValueError(
+                f"prisma: {known.name} ships Node.js {known.nodejs}; Prisma's CLI needs "
+                f"{'.'.join(map(str, PRISMA_MIN_NODE))} or newer, so LiteLLM's database mode is not supported on "
+                f"{known.name}: remove prisma: (the hosts run lab_litellm_database_mode: false)"
+            )
+        return self
+
     @field_validator("models")
     @classmethod
     def _unique_models(cls, value: list[Model]) -> list[Model]:
@@ -340,6 +413,7 @@ class LoadedProfile(BaseModel):
     name: str
     path: Path
     spec: Profile
+    os: str = Field(description="the OS it is for, e.g. debian-12")
 
     def resolve(self, relative: str) -> Path:
         """A path from the profile, relative to the profile's directory."""
@@ -370,7 +444,84 @@ def _format_errors(path: Path, exc: ValidationError) -> str:
     return f"profile {path}: " + "; ".join(parts)
 
 
-def load_profile(name_or_path: str) -> LoadedProfile:
+def _named(items: Any) -> bool:
+    return isinstance(items, list) and all(isinstance(item, dict) and "name" in item for item in items)
+
+
+def _merged(base: Any, override: Any) -> Any:
+    """override on top of base: mappings merged key by key (a null value removes the key), lists
+    of named mappings (apt sources) merged by name, anything else replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        merged = dict(base)
+        for key, value in override.items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = _merged(base.get(key), value) if key in base else value
+        return merged
+    if _named(base) and _named(override):
+        by_name = {item["name"]: item for item in base}
+        for item in override:
+            by_name[item["name"]] = _merged(by_name.get(item["name"], {}), item)
+        return list(by_name.values())
+    return override
+
+
+def _filled(value: Any, known: OsRelease) -> Any:
+    """{codename} and {nvidia_repo} of the chosen OS in every string of a profile section."""
+    if isinstance(value, str):
+        return value.replace("{codename}", known.codename).replace("{nvidia_repo}", known.nvidia_repo)
+    if isinstance(value, list):
+        return [_filled(item, known) for item in value]
+    if isinstance(value, dict):
+        return {key: _filled(item, known) for key, item in value.items()}
+    return value
+
+
+def os_key(known: OsRelease) -> str:
+    return f"{known.os}-{known.release}"
+
+
+def _for_os(path: Path, raw: dict[str, Any], wanted: str | None) -> tuple[dict[str, Any], str | None]:
+    """The profile for one OS: the `os:` entry of that OS merged over the rest (its target by
+    default), placeholders filled. Returns the profile and the OS key (None: no `os:` section)."""
+    variants = raw.pop("os", None)
+    if variants is None:
+        if wanted is not None:
+            raise ProfileError(f"profile {path}: has no os: section, so --os {wanted} cannot be chosen")
+        return raw, None
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) or v is None for v in variants.values()):
+        raise ProfileError(f"profile {path}: os: must map an OS (e.g. debian-12) to the profile keys it changes")
+    for key in variants:
+        os_name, _, release = str(key).partition("-")
+        try:
+            os_release(os_name, release)
+        except UnsupportedTarget as exc:
+            raise ProfileError(f"profile {path}: os.{key}: {exc}") from None
+    target = raw.get("target") if isinstance(raw.get("target"), dict) else {}
+    default = f"{target.get('os')}-{target.get('release')}"
+    chosen = wanted or default
+    if chosen not in variants:
+        os_name, _, release = chosen.partition("-")
+        try:
+            os_release(os_name, release)
+        except UnsupportedTarget as exc:
+            raise ProfileError(f"--os {chosen}: {exc}") from None
+        raise ProfileError(
+            f"profile {path} is not made for {chosen}: its os: section lists {', '.join(map(str, variants))}"
+        )
+    merged = _merged(raw, variants[chosen] or {})
+    if isinstance(merged.get("target"), dict):
+        target = merged["target"]
+        if f"{target.get('os')}-{target.get('release')}" != chosen:
+            raise ProfileError(f"profile {path}: os.{chosen}: its target must be {chosen} (give target.os and target.release)")
+        known = os_release(target["os"], target["release"])
+        merged = {key: (_filled(value, known) if key in ("apt", "description") else value) for key, value in merged.items()}
+    return merged, chosen
+
+
+def load_profile(name_or_path: str, os: str | None = None) -> LoadedProfile:
+    """A validated profile; with an `os:` section, for one of its OSes (default: its target's)."""
     path = find_profile(name_or_path)
     try:
         raw: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -378,6 +529,7 @@ def load_profile(name_or_path: str) -> LoadedProfile:
         raise ProfileError(f"profile {path}: {exc}".replace("\n", " ")) from exc
     if not isinstance(raw, dict):
         raise ProfileError(f"profile {path}: expected a mapping at the top level")
+    raw, chosen = _for_os(path, raw, os)
     try:
         spec = Profile.model_validate(raw)
     except ValidationError as exc:
@@ -385,4 +537,4 @@ def load_profile(name_or_path: str) -> LoadedProfile:
     name = spec.name or path.stem
     if not _NAME.match(name):
         raise ProfileError(f"profile {path}: name: {name!r} is not a valid profile name")
-    return LoadedProfile(name=name, path=path, spec=spec)
+    return LoadedProfile(name=name, path=path, spec=spec, os=chosen or os_key(os_release(spec.target.os, spec.target.release)))

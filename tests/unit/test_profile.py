@@ -28,7 +28,7 @@ def test_shipped_profiles_load() -> None:
     assert lab.spec.target.abi == "cp312"
     optional = {s.name for s in lab.spec.apt.sources if s.optional}
     assert optional == {"grafana"}  # NVIDIA's repository is required: no GPU bundle without the driver
-    assert set(lab.spec.apt.groups) == {"nvidia", "grafana"}
+    assert set(lab.spec.apt.groups) == {"kernel", "database", "nvidia", "grafana"}
 
 
 def test_profile_by_path(tmp_path: Path) -> None:
@@ -46,7 +46,13 @@ def test_profile_by_path(tmp_path: Path) -> None:
         (TARGET + "apt:\n  packages: jq\n", "apt.packages: Input should be a valid list"),
         (TARGET + "apt:\n  install_recommends: maybe\n", "apt.install_recommends:"),
         ("target: {os: debian, release: '12', codename: bookworm, python: 3.10}\n", "target.python: Value error, quote it"),
-        ("target: {os: debian, release: '12', codename: bookworm}\n", "target.python: Field required"),
+        ("target: {os: debian, release: '12', codename: bookworm, python: '3.12'}\n",
+         "target: Value error, python: Debian 12 has Python 3.11, not 3.12"),
+        ("target: {os: ubuntu, release: '20.04', codename: focal, python: '3.8'}\n",
+         "target: Value error, ubuntu 20.04 is not a supported OS; bundles are built for Ubuntu 24.04, Ubuntu 22.04, Debian 12"),
+        ("target: {os: debian, release: '12', codename: trixie}\n", "target: Value error, codename: Debian 12 is 'bookworm'"),
+        (TARGET + "wheels:\n  platforms: [manylinux_2_17_x86_64]\n",
+         "wheels.platforms: Value error, remove it: the manylinux tags are derived from the target's glibc"),
         (
             TARGET + "apt:\n  sources:\n    - {name: x, uris: [http://x], suites: [s], signed_by: k}\n",
             "apt.sources.0: Value error, suite 's' needs components",

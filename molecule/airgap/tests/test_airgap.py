@@ -156,3 +156,33 @@ def test_a_rerun_hashes_only_files_written_since_the_last_good_verification(host
     assert _verify("all", BUNDLE_DIR, stamp)["hashed"] == 0
     full = _verify("all", BUNDLE_DIR, stamp, "rehash=true")
     assert full["hashed"] == files
+
+
+def test_an_operators_mirror_stays_enabled_when_asked(host):
+    """airgap_keep_sources: the site's internal mirror stays (here a second source over the
+    bundle's own repository, so apt can read it without network); a kept source an earlier run
+    disabled is enabled again; every other source is still disabled; a name that is not a source
+    of the host is refused naming the variable."""
+    mirror = "Types: deb\nURIs: file:/srv/labctl/bundle/apt\nSuites: ./\nSigned-By: /etc/apt/keyrings/labctl-bundle.gpg\n"
+    host.run_test(f"printf '{mirror}' > /etc/apt/sources.list.d/hospital-mirror.sources")
+    host.run_test(f"printf '{mirror}' > /etc/apt/sources.list.d/old-mirror.sources.labctl.disabled")
+    host.run_test("echo 'deb http://deb.debian.org/debian bookworm main' > /etc/apt/sources.list.d/stray.list")
+    try:
+        bad = _converge("-e", '{"airgap_keep_sources": ["hospital-mirror.sources", "nope.sources"]}')
+        assert bad.returncode != 0
+        assert "airgap_keep_sources: /etc/apt/sources.list.d/nope.sources is not an apt source file of this host" in bad.stdout
+        assert host.file("/etc/apt/sources.list.d/stray.list").exists  # refused before any change
+        keep = '{"airgap_keep_sources": ["hospital-mirror.sources", "old-mirror.sources"]}'
+        result = _converge("-e", keep)
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert host.file("/etc/apt/sources.list.d/hospital-mirror.sources").exists
+        assert host.file("/etc/apt/sources.list.d/old-mirror.sources").exists
+        assert not host.file("/etc/apt/sources.list.d/stray.list").exists
+        assert host.file("/etc/apt/sources.list.d/stray.list.labctl.disabled").exists
+        assert host.run("apt-get update").rc == 0
+        again = _converge("-e", keep)
+        recap = [line for line in again.stdout.splitlines() if "changed=" in line]
+        assert recap and all("changed=0" in line for line in recap), recap
+    finally:
+        host.run("rm -f /etc/apt/sources.list.d/hospital-mirror.sources /etc/apt/sources.list.d/old-mirror.sources "
+                 "/etc/apt/sources.list.d/stray.list.labctl.disabled")

@@ -111,9 +111,18 @@ def _state(host) -> str:
         (["-e", "nvidia_driver_kernel_module_managed=true", "-e", "preflight_efivars_dir=/tmp/efivars-secure-boot"],
          ["Secure Boot is on and nvidia_driver_secure_boot_key is not set: the kernel will refuse the DKMS-built "
           "NVIDIA modules"]),
+        # Database mode where the distribution's Node.js is too old for Prisma's CLI (Ubuntu 22.04;
+        # the container is Debian 12, so the table names it here).
+        (["-e", "lab_litellm_database_mode=true", "-e",
+          '{"preflight_database_mode_unsupported": {"Debian 12": "Debian 12 stands in for Ubuntu 22.04 here"}}'],
+         ["lab_litellm_database_mode=true is not supported on Debian 12: Debian 12 stands in for Ubuntu 22.04 here; "
+          "set lab_litellm_database_mode: false"]),
+        # A bundle built for another Python than the services' interpreter (the test bundle is cp311).
+        (["-e", "lab_python=python3.12"],
+         ["holds wheels for Python 3.11 (debian-12), but lab_python=python3.12 is Python 3.12 here"]),
     ],
     ids=["replicas-above-gpus", "all-problems-at-once", "driver-too-old", "kv-cache-below-one-sequence",
-         "secure-boot-without-key"],
+         "secure-boot-without-key", "database-mode-without-node", "bundle-for-another-python"],
 )
 def test_preflight_refuses_a_bad_plan_before_anything_changes(host, extra, expected):
     efivars = "/tmp/efivars-secure-boot"

@@ -14,6 +14,7 @@ from labctl.bundle.apt_stage import BaseSpec
 from labctl.bundle.builder import BuildOptions, build_bundle
 from labctl.bundle.errors import BuildError
 from labctl.bundle.prisma_stage import NO_SECTION
+from labctl.bundle.wheel_stage import resolve_sets
 from labctl.paths import CACHE_DIR_ENV, KEY_DIR_ENV, default_cache_dir, default_key_dir
 from labctl.profile import ProfileError, load_profile
 from labctl.progress import human_size, make_reporter
@@ -49,12 +50,16 @@ def build(
         typer.Option(envvar=CACHE_DIR_ENV, help="Download cache.", show_default="~/.cache/labctl/bundle"),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
+    target_os: Annotated[
+        str | None,
+        typer.Option("--os", help="The OS to build for, from the profile's os: section (e.g. debian-12); default: its target."),
+    ] = None,
 ) -> None:
     """Build the bundle for PROFILE into OUT (atomically replaced)."""
     if base_image is not None and base_status is not None:
         _fail("give either --base-image or --base-status, not both")
     try:
-        loaded = load_profile(profile)
+        loaded = load_profile(profile, target_os)
         options = BuildOptions(
             profile=loaded,
             out=out,
@@ -90,6 +95,30 @@ def build(
     typer.echo(f"  signing key: {summary['fingerprint']}")
     typer.echo(f"  content_digest: {summary['content_digest']}")
     typer.echo(f"  took {summary['duration_s']:.1f}s")
+
+
+@app.command()
+def resolve(
+    profile: Annotated[str, typer.Option(help="Profile name (profiles/NAME.yml) or path to a .yml file.")],
+    target_os: Annotated[
+        str | None,
+        typer.Option("--os", help="The OS to resolve for, from the profile's os: section; default: its target."),
+    ] = None,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(envvar=CACHE_DIR_ENV, help="Download cache.", show_default="~/.cache/labctl/bundle"),
+    ] = None,
+) -> None:
+    """Resolve-only: print (JSON) what each wheel set of PROFILE would lock for the OS, from the
+    indexes' metadata; nothing is downloaded or built."""
+    try:
+        loaded = load_profile(profile, target_os)
+        sets = resolve_sets(loaded, cache_dir or default_cache_dir())
+    except (BuildError, ProfileError) as exc:
+        _fail(str(exc))
+    target = loaded.spec.target
+    _print_json({"profile": loaded.name, "os": loaded.os, "python": target.python, "platforms": target.platforms,
+                 "sets": sets})
 
 
 @app.command()

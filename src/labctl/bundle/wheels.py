@@ -14,8 +14,6 @@ from pathlib import Path
 from labctl.bundle.errors import BuildError
 from labctl.profile import normalize_project
 
-DEFAULT_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
-
 _SAVED = re.compile(r"^\s*(?:Saved|File was already downloaded) (?P<path>.+?)\s*$")
 _WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(?:-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
 
@@ -69,7 +67,9 @@ def pip_download_command(
         "--abi",
         abi,
     ]
-    for platform in [*DEFAULT_PLATFORMS, *[p for p in platforms if p not in DEFAULT_PLATFORMS]]:
+    if not platforms:
+        raise BuildError("no wheel platform tags for the target")
+    for platform in platforms:
         cmd += ["--platform", platform]
     return [*cmd, *extra_args, "--dest", str(dest), "-r", str(requirements)]
 

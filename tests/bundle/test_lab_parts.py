@@ -1,0 +1,122 @@
+"""The lab bundle's parts against the real registries (make lab-parts, part of make test): the
+apt part of the lab profile for Debian 12 built with the real builder against Debian's archive
+and the strict NVIDIA double of NVIDIA's debian12 repository (tests/fixtures/nvidia-repo), and
+the wheel part resolved for every supported OS (resolve-only: the indexes' metadata, no
+multi-GB download). Needs the network (deb.debian.org, PyPI) and docker (the base image's dpkg
+status); make test provides both."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from labctl.bundle.apt_stage import BaseSpec, collect_apt
+from labctl.bundle.errors import BuildError
+from labctl.bundle.staging import Staging
+from labctl.bundle.wheel_stage import resolve_sets
+from labctl.paths import default_cache_dir
+from labctl.profile import load_profile
+from labctl.progress import PlainReporter
+
+REPO = Path(__file__).resolve().parents[2]
+NVIDIA = REPO / "tests" / "fixtures" / "nvidia-repo"
+LAB = yaml.safe_load((REPO / "profiles" / "lab.yml").read_text())
+OSES = ["ubuntu-24.04", "ubuntu-22.04", "debian-12"]
+
+
+def _profile(tmp_path: Path, change: Any) -> str:
+    raw = yaml.safe_load((REPO / "profiles" / "lab.yml").read_text())
+    change(raw)
+    path = tmp_path / "lab.yml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(path)
+
+
+def _pypi_vllm(raw: dict[str, Any]) -> None:
+    """vLLM's PyPI build in place of the +cu129 variant, whose indexes (wheels.vllm.ai,
+    download.pytorch.org) are out of reach here; the same resolution code runs."""
+    raw["wheels"]["sets"]["vllm"] = {"requirements": ["vllm==0.33.0"]}
+
+
+def test_the_wheel_sets_resolve_for_every_supported_os(tmp_path: Path) -> None:
+    path = _profile(tmp_path, _pypi_vllm)
+    cache = default_cache_dir()
+
+    def resolve(os_key: str) -> tuple[dict[str, dict[str, str]], float]:
+        started = time.monotonic()
+        return resolve_sets(load_profile(path, os_key), cache), time.monotonic() - started
+
+    with ThreadPoolExecutor(len(OSES)) as pool:
+        results = dict(zip(OSES, pool.map(resolve, OSES)))
+    for os_key, (sets, seconds) in results.items():
+        print(f"{os_key}: vllm set {len(sets['vllm'])} projects, litellm set {len(sets['litellm'])}, {seconds:.1f} s")
+        assert sets["vllm"]["vllm"] == "0.33.0", os_key
+        assert "torch" in sets["vllm"], os_key
+        assert sets["litellm"]["litellm"] == "1.106.0" and sets["litellm"]["prisma"] == "0.15.0", os_key
+        assert "prometheus-client" in sets["litellm"], os_key
+
+
+def test_jammys_own_python_cannot_run_this_vllm(tmp_path: Path) -> None:
+    """Why the Ubuntu 22.04 bundle carries python3.11: vLLM 0.32 and later require Python >= 3.11."""
+
+    def jammy_python3(raw: dict[str, Any]) -> None:
+        _pypi_vllm(raw)
+        variant = raw["os"]["ubuntu-22.04"]
+        variant["target"]["python"] = "3.10"
+        del variant["apt"]["groups"]["python"]
+
+    profile = load_profile(_profile(tmp_path, jammy_python3), "ubuntu-22.04")
+    with pytest.raises(BuildError, match="wheels.sets.vllm: pip could not resolve the set"):
+        resolve_sets(profile, default_cache_dir())
+
+
+def _base_image() -> str:
+    image = os.environ.get("LABCTL_TEST_IMAGE")
+    if not image:
+        image = subprocess.run([str(REPO / "scripts" / "build-base-image.sh"), "--print-tag"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    return image
+
+
+def test_the_apt_part_for_debian_12_builds_against_debians_archive_and_nvidias_debian12_repo(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, str(NVIDIA / "build.py")], check=True, capture_output=True)
+
+    def stub_cuda(raw: dict[str, Any]) -> None:
+        cuda = next(source for source in raw["apt"]["sources"] if source["name"] == "cuda")
+        cuda["uris"] = [f"file:{NVIDIA / 'out'}"]
+        cuda["signed_by"] = str(NVIDIA / "out" / "nvidia-stub-keyring.gpg")
+        # Grafana's repository is out of reach here (optional in the profile anyway).
+        raw["apt"]["sources"] = [s for s in raw["apt"]["sources"] if s["name"] != "grafana"]
+        del raw["apt"]["groups"]["grafana"]
+
+    profile = load_profile(_profile(tmp_path, stub_cuda), "debian-12")
+    staging = Staging.start(tmp_path / "bundle", PlainReporter())
+    started = time.monotonic()
+    try:
+        result = collect_apt(profile, default_cache_dir(), BaseSpec(image=_base_image()), staging)
+    finally:
+        shutil.rmtree(staging.root, ignore_errors=True)
+    got = {deb.name: deb.version for deb in result.debs}
+    print(f"debian-12 apt part: {len(got)} packages in {time.monotonic() - started:.1f} s")
+    wanted = list(profile.spec.apt.packages) + [p for g in profile.spec.apt.groups.values() for p in g.packages]
+    assert [name for name in wanted if name not in got] == []
+    # NVIDIA's Debian packaging at exactly the pinned release, compute only.
+    nvidia = {n: v for n, v in got.items() if n.startswith(("nvidia-", "libnvidia-", "libcuda")) }
+    assert {v for v in nvidia.values()} == {"580.95.05-1"}, nvidia
+    assert {"nvidia-driver-cuda", "nvidia-kernel-open-dkms", "libcuda1", "nvidia-smi", "nvidia-persistenced"} <= set(nvidia)
+    assert not [n for n in got if n.startswith(("xserver-", "libnvidia-gl")) or n in ("nvidia-driver", "nvidia-open")]
+    # The distribution's side, from Debian's archive: DKMS, headers for bookworm's kernel, a
+    # Node.js new enough for Prisma's CLI.
+    assert got["linux-headers-amd64"].startswith("6.1.")
+    assert "dkms" in got and "build-essential" in got
+    node = tuple(int(part) for part in got["nodejs"].split(".")[:2])
+    assert node >= (16, 13), got["nodejs"]
