@@ -498,7 +498,8 @@ def _for_os(path: Path, raw: dict[str, Any], wanted: str | None) -> tuple[dict[s
             os_release(os_name, release)
         except UnsupportedTarget as exc:
             raise ProfileError(f"profile {path}: os.{key}: {exc}") from None
-    target = raw.get("target") if isinstance(raw.get("target"), dict) else {}
+    given = raw.get("target")
+    target: dict[str, Any] = given if isinstance(given, dict) else {}
     default = f"{target.get('os')}-{target.get('release')}"
     chosen = wanted or default
     if chosen not in variants:

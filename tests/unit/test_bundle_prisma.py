@@ -178,7 +178,7 @@ def test_shipped_lab_profile() -> None:
     assert lab.prisma.platforms == [PLATFORM]  # Ubuntu 24.04: OpenSSL 3.0
     assert lab.prisma.mirror == "https://binaries.prisma.sh"
     assert lab.prisma.optional is False
-    assert "nodejs" in lab.apt.packages
+    assert lab.apt.groups["database"].packages == ["nodejs"]
     litellm = lab.wheels.sets["litellm"].requirements
     assert "prisma==0.15.0" in litellm and "litellm[proxy]==1.106.0" in litellm
     assert lab.wheels.sets["vllm"].requirements[0].startswith("vllm==")
