@@ -249,7 +249,17 @@ def _path_component(value: str) -> str:
 
 class HuggingFaceSource(_Strict):
     repo_id: str = Field(description="e.g. openai/gpt-oss-120b")
-    revision: str = Field(description="branch, tag or (best) commit sha on the hub")
+    revision: str = Field(description="the commit sha on the hub (40 hex digits): a branch or tag can move")
+
+    @field_validator("revision")
+    @classmethod
+    def _commit(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{40}", value):
+            raise ValueError(
+                f"{value!r} is not a commit: give the hub's 40-hex-digit commit sha (a branch or tag can move "
+                "under the same name; huggingface_hub's model_info(repo).sha names the current one)"
+            )
+        return value
 
 
 class Model(_Strict):

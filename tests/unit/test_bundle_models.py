@@ -223,8 +223,11 @@ def test_snapshot_own_sha256sums_refused(inputs: Inputs, key_dir: Path, cache_di
         ("{name: m, revision: '.', path: x}", "models.0.revision: Value error"),
         ("{name: 'm m', revision: r1, path: x}", "models.0.name: Value error"),
         ("{name: m, revision: r1}", "models.0: Value error, give exactly one of path or huggingface"),
-        ("{name: m, revision: r1, path: x, huggingface: {repo_id: a/b, revision: main}}", "models.0: Value error, give exactly one"),
+        ("{name: m, revision: r1, path: x, huggingface: {repo_id: a/b, revision: " + "a" * 40 + "}}",
+         "models.0: Value error, give exactly one"),
         ("{name: m, revision: r1, huggingface: {repo_id: a/b}}", "models.0.huggingface.revision: Field required"),
+        ("{name: m, revision: r1, huggingface: {repo_id: a/b, revision: main}}",
+         "models.0.huggingface.revision: Value error, 'main' is not a commit"),
         ("{name: m, revision: r1, path: x, sha: y}", "models.0.sha: unknown field"),
     ],
 )
@@ -241,7 +244,8 @@ def test_duplicate_model_refused(tmp_path: Path) -> None:
         load_profile(str(path))
 
 
-HUB = "  - {name: oss, revision: r1, huggingface: {repo_id: openai/gpt-oss-120b, revision: abc123}, exclude: ['original/*']}\n"
+SHA = "b5c939de8f754692c1647ca79fbf85e8c1e70f8a"
+HUB = "  - {name: oss, revision: r1, huggingface: {repo_id: openai/gpt-oss-120b, revision: " + SHA + "}, exclude: ['original/*']}\n"
 
 
 def test_huggingface_not_installed(monkeypatch: pytest.MonkeyPatch, inputs: Inputs, key_dir: Path, cache_dir: Path, tmp_path: Path) -> None:
@@ -250,7 +254,7 @@ def test_huggingface_not_installed(monkeypatch: pytest.MonkeyPatch, inputs: Inpu
     with pytest.raises(BuildError) as info:
         build(profile, tmp_path / "b", key_dir, cache_dir)
     message = str(info.value)
-    assert message.startswith("models[0] (oss r1).huggingface: openai/gpt-oss-120b@abc123: the huggingface_hub package is not installed")
+    assert message.startswith("models[0] (oss r1).huggingface: openai/gpt-oss-120b@" + SHA + ": the huggingface_hub package is not installed")
     assert "path:" in message
 
 
@@ -276,7 +280,7 @@ def test_huggingface_unreachable(monkeypatch: pytest.MonkeyPatch, inputs: Inputs
     with pytest.raises(BuildError) as info:
         build(profile, tmp_path / "b", key_dir, cache_dir)
     assert str(info.value) == (
-        "models[0] (oss r1).huggingface: openai/gpt-oss-120b@abc123: cannot download it from the Hugging Face hub: "
+        f"models[0] (oss r1).huggingface: openai/gpt-oss-120b@{SHA}: cannot download it from the Hugging Face hub: "
         "Cannot reach https://huggingface.co: offline more"
     )
 
@@ -287,9 +291,9 @@ def test_huggingface_snapshot(monkeypatch: pytest.MonkeyPatch, inputs: Inputs, k
     profile = model_profile(inputs, "models-hub", HUB)
     result = build(profile, tmp_path / "b", key_dir, cache_dir)
     (call,) = calls
-    assert call["repo_id"] == "openai/gpt-oss-120b" and call["revision"] == "abc123"
+    assert call["repo_id"] == "openai/gpt-oss-120b" and call["revision"] == SHA
     assert call["ignore_patterns"] == ["original/*"]
     assert call["cache_dir"] == str(cache_dir / "huggingface")
     (entry,) = result.manifest["components"]["models"]
-    assert entry["source"] == "huggingface openai/gpt-oss-120b@abc123" and entry["files"] == 2
+    assert entry["source"] == f"huggingface openai/gpt-oss-120b@{SHA}" and entry["files"] == 2
     assert (result.path / "models" / "oss" / "r1" / "model.safetensors").read_bytes() == b"w"
