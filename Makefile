@@ -65,6 +65,13 @@ molecule-run:
 
 test: lint unit lab-parts molecule
 
+# The lab's CUDA vLLM wheel set (PyPI build) resolved, downloaded and locked by the builder, installed
+# offline in a network-less Debian 12 container and proven there without a GPU (gigabytes: not in
+# make test). Figures: build/reports/lab-wheels.json.
+.PHONY: lab-wheels-check
+lab-wheels-check: venv bundle-test
+	python3 tests/cuda_wheels/check.py
+
 # The lab bundle's parts against the real registries (network: PyPI, deb.debian.org; docker):
 # the apt part for Debian 12 with the strict NVIDIA double, the wheel sets resolved per OS.
 .PHONY: lab-parts
