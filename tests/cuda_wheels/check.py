@@ -82,10 +82,11 @@ def main() -> int:
          "-e", f"labctl_render_dir={replicas}"], capture_output=True)
     configs = sorted(p.name for p in replicas.glob("*.yaml"))
     report["replica_configs"] = configs
-    venv_debs = " ".join(f"/t/apt/pool/{name}" for name in sorted(os.listdir(TEST_BUNDLE / "apt" / "pool"))
-                         if name.startswith(("python3-venv_", "python3.11-venv_", "python3-pip-whl_", "python3-setuptools-whl_")))
+    # python3-venv as a lab host gets it: the test bundle's signed apt repository as the only source.
     script = f"""set -e
-dpkg -i {venv_debs} >/dev/null
+rm -f /etc/apt/sources.list /etc/apt/sources.list.d/*
+printf 'Types: deb\\nURIs: file:/t/apt\\nSuites: ./\\nSigned-By: /t/keys/bundle.gpg\\n' > /etc/apt/sources.list.d/bundle.sources
+apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get -qq install -y python3-venv >/dev/null
 python3 -m venv /opt/venv
 start=$(date +%s.%N)
 /opt/venv/bin/pip install --quiet --no-index --find-links /b/wheels --no-deps --require-hashes -r /b/wheels/sets/vllm.txt
@@ -123,6 +124,8 @@ TIKTOKEN_ENCODINGS_BASE=/b/tiktoken TIKTOKEN_RS_CACHE_DIR=/nonexistent HF_HUB_OF
         problems.append(f"torch {result.get('torch')} is not a CUDA build")
     if len(result.get("replicas", {})) != len(configs) or not configs:
         problems.append("not every replica config parsed")
+    if result.get("unknown_flag_refused") is not True:
+        problems.append("vLLM's parser took a flag it does not know: the check cannot fail")
     for problem in problems:
         print("FAIL:", problem, file=sys.stderr)
     print("PASS" if not problems else "FAIL")
