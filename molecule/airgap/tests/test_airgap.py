@@ -170,7 +170,8 @@ def test_an_operators_mirror_stays_enabled_when_asked(host):
     try:
         bad = _converge("-e", '{"airgap_keep_sources": ["hospital-mirror.sources", "nope.sources"]}')
         assert bad.returncode != 0
-        assert "airgap_keep_sources: /etc/apt/sources.list.d/nope.sources is not an apt source file of this host" in bad.stdout
+        assert ("airgap_keep_sources: /etc/apt/sources.list.d/nope.sources is not an apt source file of this host"
+                in bad.stdout + bad.stderr)
         assert host.file("/etc/apt/sources.list.d/stray.list").exists  # refused before any change
         keep = '{"airgap_keep_sources": ["hospital-mirror.sources", "old-mirror.sources"]}'
         result = _converge("-e", keep)
