@@ -72,7 +72,7 @@ def test_the_markers_outlive_the_reboot():
     plays = _load("playbooks", "gpu.yml")
     drain = plays[1]["tasks"][0]["block"][0]
     assert "nvidia_driver_reboot_timeout" in drain["vars"]["vllm_drain_hold"]
-    rotation = _load("roles", "vllm", "tasks", "rotation.yml")
+    rotation = _load("roles", "vllm", "tasks", "rotation_out.yml")
     marker = next(t for t in rotation if t["name"].startswith("Take the replica out"))
     content = marker["ansible.builtin.copy"]["content"]
     for part in ("vllm_drain_timeout", "vllm_health_timeout", "__vllm_rotation_hold", "vllm_drain_grace"):
