@@ -23,6 +23,7 @@ app.command("drift")(runs_cli.drift)
 app.command("status")(runs_cli.status)
 app.command("smoke")(runs_cli.smoke)
 app.command("rolling-restart")(runs_cli.rolling_restart)
+app.command("patch")(runs_cli.patch)
 app.add_typer(runs_cli.runs_app, name="runs")
 app.command("gateway-config")(gateway_config)
 

@@ -369,6 +369,12 @@ class Profile(_Strict):
     tiktoken: Tiktoken | None = Field(default=None, description="tokenizer files for gpt-oss (harmony)")
     models: list[Model] = Field(default_factory=list)
     prisma: Prisma | None = Field(default=None, description="Prisma CLI and engines (LiteLLM database mode)")
+    locks: str | None = Field(
+        default=None,
+        description="directory of committed locks, relative to the profile, written by `labctl bundle lock`: "
+        "<dir>/<os>/<set>.txt per wheel set (the build resolves nothing and fetches each wheel from its locked index "
+        "only) and <dir>/<os>/prisma.json (the engines' sha256; the mirror's own .sha256 files are not read)",
+    )
 
     @model_validator(mode="after")
     def _interpreter_bundled(self) -> Profile:
@@ -497,7 +503,9 @@ def _for_os(path: Path, raw: dict[str, Any], wanted: str | None) -> tuple[dict[s
     default), placeholders filled. Returns the profile and the OS key (None: no `os:` section)."""
     variants = raw.pop("os", None)
     if variants is None:
-        if wanted is not None:
+        own = raw.get("target")
+        own_key = f"{own.get('os')}-{own.get('release')}" if isinstance(own, dict) else None
+        if wanted is not None and wanted != own_key:
             raise ProfileError(f"profile {path}: has no os: section, so --os {wanted} cannot be chosen")
         return raw, None
     if not isinstance(variants, dict) or not all(isinstance(v, dict) or v is None for v in variants.values()):
@@ -529,6 +537,19 @@ def _for_os(path: Path, raw: dict[str, Any], wanted: str | None) -> tuple[dict[s
         known = os_release(target["os"], target["release"])
         merged = {key: (_filled(value, known) if key in ("apt", "description") else value) for key, value in merged.items()}
     return merged, chosen
+
+
+def profile_oses(name_or_path: str) -> list[str]:
+    """The OSes a profile is made for: the keys of its os: section, else its target's."""
+    path = find_profile(name_or_path)
+    try:
+        raw: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileError(f"profile {path}: {exc}".replace("\n", " ")) from exc
+    variants = raw.get("os") if isinstance(raw, dict) else None
+    if isinstance(variants, dict) and variants:
+        return [str(key) for key in variants]
+    return [load_profile(name_or_path).os]
 
 
 def load_profile(name_or_path: str, os: str | None = None) -> LoadedProfile:

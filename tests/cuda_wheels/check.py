@@ -7,7 +7,8 @@ target's OS, and proven there without a GPU.
    machine's base image has): its wheel sets as they are, except vLLM's PyPI build in place of
    the +cu129 variant (wheels.vllm.ai and download.pytorch.org are out of reach here; the same
    code resolves, downloads and locks it); tiktoken from the litellm wheel; no apt part, no
-   Prisma, no model. `labctl bundle build` builds and signs it.
+   Prisma, no model. `labctl bundle lock` writes its hash-locked sets (resolve-only), then
+   `labctl bundle build` fetches exactly those, each from its locked index, and signs the bundle.
 2. The vllm role's replica configs for the lab inventory (tests/cuda_wheels/render_replicas.yml).
 3. `docker run --network none` of the base image: python3-venv from the test bundle's pool, a venv,
    `pip install --no-index --no-deps --require-hashes -r wheels/sets/vllm.txt`, then
@@ -48,6 +49,7 @@ def derived_profile() -> Path:
     raw.pop("models", None)
     raw["tiktoken"] = {"source": "wheel", "wheel": "litellm==1.106.0"}
     raw["wheels"]["sets"]["vllm"] = {"requirements": ["vllm==0.33.0"]}
+    raw["locks"] = "locks"  # written below by `labctl bundle lock`, as on a build machine
     for variant in raw.get("os", {}).values():
         if isinstance(variant, dict):
             variant.pop("apt", None)
@@ -64,8 +66,12 @@ def main() -> int:
         [str(REPO / "scripts" / "build-base-image.sh"), "--print-tag"], capture_output=True, text=True, check=True
     ).stdout.strip()
     report: dict[str, object] = {"os": OS, "image": image}
+    profile = derived_profile()
     started = time.monotonic()
-    run(["labctl", "bundle", "build", "--profile", str(derived_profile()), "--os", OS, "--out", str(BUNDLE)])
+    run(["labctl", "bundle", "lock", "--profile", str(profile), "--os", OS])
+    report["lock_s"] = round(time.monotonic() - started, 1)
+    started = time.monotonic()
+    run(["labctl", "bundle", "build", "--profile", str(profile), "--os", OS, "--out", str(BUNDLE)])
     report["build_s"] = round(time.monotonic() - started, 1)
     manifest = json.loads((BUNDLE / "manifest.json").read_text())
     files = manifest["components"]["wheels"]["files"]

@@ -28,6 +28,7 @@ from typer.testing import CliRunner
 from labctl.bundle import prisma_stage, verifycore
 from labctl.bundle.builder import BuildResult
 from labctl.bundle.errors import BuildError
+from labctl.cli import app
 from labctl.profile import ProfileError, load_profile
 
 from .conftest import Inputs, build, invoke, manifest_of, write_profile
@@ -441,3 +442,58 @@ def test_bad_section_is_named(tmp_path: Path, section: str, field: str) -> None:
     with pytest.raises(ProfileError) as info:
         load_profile(str(path))
     assert field in str(info.value)
+
+
+# --- engine hashes pinned in the repository (profile `locks:`) --------------------------------------
+
+
+def _locked_profile(inputs: Inputs, tmp_path: Path, mirror: str) -> tuple[Path, Path]:
+    profile = prisma_profile(inputs, tmp_path, mirror)
+    locks = tmp_path / "locks"
+    profile.write_text(profile.read_text() + f"locks: {locks}\n")
+    return profile, locks / "debian-12" / "prisma.json"
+
+
+def _compromise(mirror: Path, name: str = "query-engine") -> bytes:
+    """The mirror serves other bytes, with .sha256 files that agree with them."""
+    evil = b"\x7fELF not prisma's engine\n" * 50
+    make_mirror(mirror, {**ENGINES, name: evil})
+    return evil
+
+
+def test_lock_pins_the_engines_and_the_build_ignores_the_mirrors_checksums(
+    runner: CliRunner, npm_log: Path, inputs: Inputs, key_dir: Path, cache: Path, tmp_path: Path
+) -> None:
+    mirror = make_mirror(tmp_path / "mirror")
+    profile, lock = _locked_profile(inputs, tmp_path, str(mirror))
+    result = runner.invoke(app, ["bundle", "lock", "--profile", str(profile)])
+    assert result.exit_code == 0, result.output
+    assert f"debian-12 prisma: 3 engine files of {COMMIT[:12]} -> {lock}" in result.output
+    pinned = json.loads(lock.read_text())
+    assert pinned["engine_commit"] == COMMIT
+    packed = gzip.compress(ENGINES["query-engine"], mtime=0)
+    assert pinned["engines"][PLATFORM]["query-engine"] == {"sha256": sha256(ENGINES["query-engine"]),
+                                                            "gz_sha256": sha256(packed)}
+    build(profile, tmp_path / "good", key_dir, cache)
+    # The mirror is compromised later: its engines and its checksums agree with each other.
+    evil = _compromise(mirror)
+    with pytest.raises(BuildError, match=rf"prisma: .*query-engine.gz has sha256 {sha256(gzip.compress(evil, mtime=0))}, "
+                                         rf"but {lock} pins {sha256(packed)}; refusing it"):
+        build(profile, tmp_path / "pinned", key_dir, tmp_path / "cache2")
+    # Without the pins the mirror vouches for itself, and the other bytes go into the bundle.
+    unpinned = prisma_profile(inputs, tmp_path, str(mirror))
+    result_unpinned = build(unpinned, tmp_path / "unpinned", key_dir, tmp_path / "cache3")
+    engine = tmp_path / "unpinned" / prisma_stage.engine_file(COMMIT, PLATFORM, prisma_stage.ENGINES[0])
+    assert engine.read_bytes() == evil and result_unpinned is not None
+
+
+def test_a_missing_or_stale_engine_lock_is_refused(npm_log: Path, inputs: Inputs, key_dir: Path, cache: Path,
+                                                   tmp_path: Path) -> None:
+    mirror = make_mirror(tmp_path / "mirror")
+    profile, lock = _locked_profile(inputs, tmp_path, str(mirror))
+    with pytest.raises(BuildError, match=rf"prisma: no engine lock {lock}: run `labctl bundle lock --profile unit --os debian-12`"):
+        build(profile, tmp_path / "b", key_dir, cache)
+    lock.parent.mkdir(parents=True)
+    lock.write_text(json.dumps({"engine_commit": "0" * 40, "engines": {}}))
+    with pytest.raises(BuildError, match=rf"prisma: {lock} pins engines commit {'0' * 40}, the profile asks for {COMMIT}"):
+        build(profile, tmp_path / "b", key_dir, cache)

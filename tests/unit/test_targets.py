@@ -90,9 +90,10 @@ def test_an_os_the_readme_does_not_list_is_refused_by_name(os: str, message: str
         load_profile("lab", os)
 
 
-def test_a_profile_without_os_section_takes_no_os() -> None:
-    with pytest.raises(ProfileError, match="has no os: section, so --os debian-12 cannot be chosen"):
-        load_profile("test", "debian-12")
+def test_a_profile_without_os_section_takes_only_its_own_os() -> None:
+    assert load_profile("test", "debian-12").os == "debian-12"  # its target (labctl bundle lock --os)
+    with pytest.raises(ProfileError, match="has no os: section, so --os ubuntu-24.04 cannot be chosen"):
+        load_profile("test", "ubuntu-24.04")
 
 
 def _write(tmp_path: Path, text: str) -> str:

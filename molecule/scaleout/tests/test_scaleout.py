@@ -392,3 +392,144 @@ def test_gpu_hosts_reboot_into_a_new_driver_one_at_a_time_each_drained_first():
     # Requests kept succeeding throughout.
     assert len(requests) >= 20, len(requests)
     assert failed == [], failed[:5]
+
+
+def _dpkg_version(host: str, package: str) -> str:
+    return _docker("exec", host, "dpkg-query", "-W", "-f=${Version}", package)
+
+
+def _patch(bundle: Path, state: Path) -> tuple[subprocess.CompletedProcess[str], list[dict], dict]:
+    """`labctl patch` with the given bundle: its process, the patch_report of every host (from the
+    run record's events) and the run's summary line."""
+    # As on a lab: the bundle is copied from the control node (the scenario mounts the test bundle
+    # read-only at /mnt/labctl-bundle; the patch bundle goes to the default place).
+    cmd = ["labctl", "patch", "-i", os.environ["MOLECULE_INVENTORY_FILE"], "-e", "lab_bundle_source=control",
+           "-e", "lab_bundle_dir=/srv/labctl/bundle", "-e", f"lab_bundle_src={bundle}", "--json"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=2400, check=False, cwd=REPO,
+                         env=os.environ | {"LABCTL_STATE_DIR": str(state)})
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    summary = next((line for line in lines if line.get("event") == "summary"), {})
+    reports = []
+    events = state / "runs" / str(summary.get("id")) / "events.jsonl"
+    if not events.is_file():
+        events = next(state.rglob(f"{summary.get('id')}/events.jsonl"), events)
+    if events.is_file():
+        for raw in events.read_text().splitlines():
+            event = json.loads(raw)
+            data = event.get("event_data") or {}
+            if event.get("event") == "runner_on_ok" and data.get("task") == "Record what the patch did":
+                reports.append(data["res"]["ansible_facts"]["patch_report"])
+    return run, reports, summary
+
+
+def test_security_updates_patch_one_host_at_a_time_each_drained_first(tmp_path: Path) -> None:
+    """Last. docs/runbooks/offline-bundle.md, "Patching an air-gapped lab", as an operator runs it:
+    each host's dpkg status is copied to the control node, `labctl bundle build --updates-from`
+    adds bookworm-security's updates for what the hosts have (the base image is a debootstrap of
+    bookworm main: older than the security archive), and `labctl patch` applies them while
+    requests flow: GPU hosts first, one at a time, each drained from the gateway before apt runs;
+    gpu2 carries the distribution's /run/reboot-required (what a kernel update leaves) and is the
+    only host rebooted; the gateway host restarts the services that run replaced libraries, one
+    at a time. A second run changes nothing."""
+    statuses = []
+    for host in [GW, *GPU_HOSTS]:
+        path = tmp_path / f"{host}.status"
+        path.write_text(_docker("exec", host, "cat", "/var/lib/dpkg/status"))
+        statuses += ["--updates-from", str(path)]
+    bundle = REPO / "build" / "bundles" / "test-patch"
+    started = time.time()
+    build = subprocess.run(["labctl", "bundle", "build", "--profile", "test", "--out", str(bundle), "--base-image",
+                            os.environ["LABCTL_TEST_IMAGE"], *statuses, "--json"],
+                           capture_output=True, text=True, timeout=1800, check=False, cwd=REPO)
+    build_s = time.time() - started
+    assert build.returncode == 0, build.stderr[-3000:]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    updates = {record["status"].removesuffix(".status"): {p["name"]: p for p in record["packages"]}
+               for record in manifest["components"]["apt"]["updates"]}
+    security = {h: {n for n, p in updates[h].items() if p["reason"] == "security"} for h in updates}
+    assert all(security[h] for h in updates), security
+    assert "libssl3" in security[GW], sorted(security[GW])
+    held = {h: _dpkg_version(h, "nvidia-driver-cuda") for h in GPU_HOSTS}
+    boots = {h: _boot(h) for h in [GW, *GPU_HOSTS]}
+    _docker("exec", GPU_HOSTS[1], "touch", "/run/reboot-required")
+
+    for name in ("traffic.py", "watch.py"):
+        subprocess.run(["docker", "cp", str(HERE / name), f"{GW}:/tmp/{name}"], check=True)
+    _docker("exec", GW, "rm", "-f", "/tmp/patch.stop", "/tmp/patch-traffic.json", "/tmp/patch-watch.json")
+    _docker("exec", GW, "touch", "/tmp/patch.stop.slow")
+    _docker("exec", "-d", GW, "python3", "/tmp/watch.py", "/run/labctl/drain", "/tmp/patch.stop",
+            "/tmp/patch-watch.json", *REPLICAS.values())
+    _docker("exec", "-d", GW, "python3", "/tmp/traffic.py", ENV_FILE, PUBLIC, "/tmp/patch.stop",
+            "/tmp/patch-traffic.json", "2")
+    time.sleep(10)
+    started = time.time()
+    run, reports, summary = _patch(bundle, tmp_path / "state")
+    took = time.time() - started
+    time.sleep(5)
+    _docker("exec", GW, "touch", "/tmp/patch.stop")
+    for _ in range(330):
+        if all(subprocess.run(["docker", "exec", GW, "test", "-f", f"/tmp/{f}"], check=False).returncode == 0
+               for f in ("patch-traffic.json", "patch-watch.json")):
+            break
+        time.sleep(1)
+    requests = json.loads(_docker("exec", GW, "cat", "/tmp/patch-traffic.json"))
+    samples = json.loads(_docker("exec", GW, "cat", "/tmp/patch-watch.json"))
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+
+    names = {(h, i): f"{PUBLIC}-{h}-{i}" for h in GPU_HOSTS for i in (0, 1)}
+
+    def down(sample: dict, host: str) -> bool:
+        return not all(sample["up"][REPLICAS[(host, i)]] for i in (0, 1))
+
+    away = {h: [s["t"] for s in samples if down(s, h)] for h in GPU_HOSTS}
+    marked = {h: [s["t"] for s in samples if {names[(h, 0)], names[(h, 1)]} <= set(s["markers"])] for h in GPU_HOSTS}
+    unmarked_while_down = {h: [s["t"] for s in samples if down(s, h)
+                               and not {names[(h, 0)], names[(h, 1)]} <= set(s["markers"])] for h in GPU_HOSTS}
+    both_down = [s["t"] for s in samples if all(down(s, h) for h in GPU_HOSTS)]
+    first, second = GPU_HOSTS
+    gpu_phase_end = away[second][-1] if away[second] else started
+    failed = [r for r in requests if r["outcome"] != "ok"]
+    failed_gpu_phase = [r for r in failed if r["start"] <= gpu_phase_end]
+    by_host = {r["host"]: r for r in reports}
+    _report(patch={
+        "bundle_build_s": round(build_s, 1), "playbook_s": round(took, 1),
+        "security_updates": {h: len(security[h]) for h in security},
+        "requests": len(requests), "failed": len(failed), "failed_while_gpu_hosts_patched": len(failed_gpu_phase),
+        "failed_span_s": round(failed[-1]["end"] - failed[0]["start"], 1) if failed else 0,
+        "away_s": {h: round(away[h][-1] - away[h][0], 1) if away[h] else None for h in GPU_HOSTS},
+        "restarted": {h: by_host.get(h, {}).get("restarted") for h in [GW, *GPU_HOSTS]},
+        "rebooted": {h: by_host.get(h, {}).get("rebooted") for h in [GW, *GPU_HOSTS]},
+        "failures": [r["outcome"] for r in failed][:5],
+    })
+    # Every host now has every security update the bundle carries for it; the held driver stays.
+    for host in [GW, *GPU_HOSTS]:
+        behind = {n: (_dpkg_version(host, n), updates[host][n]["version"]) for n in security[host]
+                  if _dpkg_version(host, n) != updates[host][n]["version"]}
+        assert behind == {}, (host, behind)
+    assert {h: _dpkg_version(h, "nvidia-driver-cuda") for h in GPU_HOSTS} == held
+    # What changed is reported per host, in the order the play went: GPU hosts first.
+    assert [r["host"] for r in reports] == [*GPU_HOSTS, GW], [r["host"] for r in reports]
+    for host in [GW, *GPU_HOSTS]:
+        changed = {c["name"] for c in by_host[host]["changed"]}
+        assert security[host] <= changed, (host, security[host] - changed)
+    # Only the host with the reboot marker rebooted; the gateway restarted what ran replaced code.
+    assert [h for h in [GW, *GPU_HOSTS] if _boot(h) != boots[h]] == [second]
+    assert by_host[second]["rebooted"] and not by_host[first]["rebooted"] and not by_host[GW]["rebooted"]
+    assert by_host[GW]["restarted"], by_host[GW]
+    assert not any(s.startswith("vllm@") for r in reports for s in r["restarted"])
+    # One GPU host at a time, each out of the rotation before its replicas went down.
+    assert away[first] and away[second], away
+    assert away[first][-1] < away[second][0], (away[first][-1], away[second][0])
+    assert both_down == [], both_down[:5]
+    for h in GPU_HOSTS:
+        assert marked[h] and marked[h][0] < away[h][0], h
+        assert unmarked_while_down[h] == [], (h, unmarked_while_down[h][:5])
+    assert samples[-1]["markers"] == [], samples[-1]
+    assert len(requests) >= 20, len(requests)
+    assert failed_gpu_phase == [], failed_gpu_phase[:5]
+
+    # Again: nothing pending anywhere, nothing drained, nothing changed.
+    again, again_reports, again_summary = _patch(bundle, tmp_path / "state")
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert again_reports == []
+    assert {h: s["changed"] for h, s in again_summary["hosts"].items()} == {h: 0 for h in [GW, *GPU_HOSTS]}, again_summary

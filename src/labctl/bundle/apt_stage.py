@@ -12,6 +12,7 @@ from labctl.bundle.base import base_status
 from labctl.bundle.errors import BuildError
 from labctl.bundle.probe import probe, release_url
 from labctl.bundle.staging import Staging
+from labctl.bundle.updates import HostUpdates, host_updates, security_sources
 from labctl.paths import private_dir
 from labctl.profile import LoadedProfile
 
@@ -22,6 +23,8 @@ POOL = "apt/pool"
 class BaseSpec:
     image: str | None = None
     status_file: Path | None = None
+    # dpkg status files of installed lab hosts: their security updates are added (--updates-from).
+    updates_from: tuple[Path, ...] = ()
 
     @property
     def given(self) -> bool:
@@ -34,6 +37,7 @@ class AptResult:
     origins: dict[str, str] = field(default_factory=dict)  # pool file -> "apt" | "local"
     skipped: list[dict[str, Any]] = field(default_factory=list)
     base: str | None = None
+    updates: list[HostUpdates] = field(default_factory=list)
 
     def component(self) -> dict[str, Any]:
         packages = [
@@ -51,6 +55,8 @@ class AptResult:
         component: dict[str, Any] = {"packages": packages, "skipped": self.skipped}
         if self.base is not None:
             component["base"] = self.base
+        if self.updates:
+            component["updates"] = [host.record() for host in self.updates]
         return component
 
 
@@ -185,9 +191,50 @@ def _need_base(profile: LoadedProfile, field_name: str) -> BuildError:
 
 
 def check_base(profile: LoadedProfile, base: BaseSpec) -> None:
-    """Fail early (before keys, staging or probes) when always-wanted packages lack a base."""
+    """Fail early (before keys, staging or probes) when always-wanted packages lack a base, or a
+    host status for --updates-from is missing."""
     if profile.spec.apt.packages and not base.given:
         raise _need_base(profile, "apt.packages")
+    for status in base.updates_from:
+        if not status.is_file():
+            raise BuildError(f"--updates-from {status}: no such file (copy /var/lib/dpkg/status from the lab host)")
+
+
+def _collect_updates(
+    profile: LoadedProfile, cache: Path, sources: list[SourceSpec], base: BaseSpec, result: AptResult, staging: Staging
+) -> None:
+    """The security updates of every --updates-from status, fetched into the pool."""
+    if not security_sources(sources):
+        names = ", ".join(s.name for s in sources) or "none"
+        raise BuildError(
+            f"--updates-from: profile {profile.name} has no apt source with a '*-security' suite (sources: {names}), "
+            "so there are no security updates to add"
+        )
+    state_dir = private_dir(cache / "apt" / f"{profile.name}.updates")
+    for status in base.updates_from:
+        copied = state_dir / "host.status.in"
+        base_status(copied, None, status)
+        apt = IsolatedApt(
+            state_dir=state_dir,
+            archives=cache / "apt" / "archives",
+            base_status=copied,
+            arch=profile.spec.target.arch,
+            foreign_arches=profile.spec.target.foreign_arches,
+            sources=sources,
+            install_recommends=profile.spec.apt.install_recommends,
+            preferences=_preferences(profile, result),
+        )
+        if not result.updates:
+            staging.reporter.info(f"apt: update lists of {len(sources)} sources for the security updates")
+            apt.update()
+        host = host_updates(apt, status)
+        result.updates.append(host)
+        staging.reporter.info(
+            f"apt: {status}: {len(host.security)} security updates, {len(host.closure)} packages to bundle"
+        )
+        _fetch(apt, host.closure, staging)
+        for item in host.closure:
+            result.origins.setdefault(pool_filename(item), "update")
 
 
 def collect_apt(profile: LoadedProfile, cache: Path, base: BaseSpec, staging: Staging) -> AptResult:
@@ -221,6 +268,8 @@ def collect_apt(profile: LoadedProfile, cache: Path, base: BaseSpec, staging: St
         _fetch(apt, planned, staging)
         for item in planned:
             result.origins[pool_filename(item)] = "apt"
+    if base.updates_from:
+        _collect_updates(profile, cache, sources, base, result, staging)
     for name in _local_debs(profile, staging):
         result.origins[name] = "local"
     pool_hashes = {rel.split("/")[-1]: h for rel, h in staging.hashes.items() if rel.startswith(f"{POOL}/")}

@@ -205,6 +205,15 @@ class IsolatedApt:
         except OSError as exc:
             raise BuildError(f"cannot run apt-get: {exc.strerror}") from exc
 
+    def cache(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``apt-cache`` with the same private configuration."""
+        try:
+            return subprocess.run(
+                ["apt-cache", *args], env=self._env(), capture_output=True, text=True, check=False
+            )
+        except OSError as exc:
+            raise BuildError(f"cannot run apt-cache: {exc.strerror}") from exc
+
     def update(self) -> None:
         proc = self.run("update", "--error-on=any")
         if proc.returncode != 0:

@@ -72,6 +72,14 @@ class BuildResult:
                 "total": sum(f["size"] for f in files),
             },
             "skipped": components["apt"]["skipped"],
+            "updates": [
+                {
+                    "status": host["status"],
+                    "security": sum(1 for p in host["packages"] if p["reason"] == "security"),
+                    "packages": len(host["packages"]),
+                }
+                for host in components["apt"].get("updates", [])
+            ],
             "models": [
                 {"name": m["name"], "revision": m["revision"], "files": m["files"], "bytes": m["bytes"]} for m in models
             ],

@@ -14,9 +14,11 @@ from labctl.bundle.apt_stage import BaseSpec
 from labctl.bundle.builder import BuildOptions, build_bundle
 from labctl.bundle.errors import BuildError
 from labctl.bundle.prisma_stage import NO_SECTION
-from labctl.bundle.wheel_stage import resolve_sets
+from labctl.bundle.locks import write_lock
+from labctl.bundle.prisma_stage import write_prisma_lock
+from labctl.bundle.wheel_stage import resolve_sets, set_args
 from labctl.paths import CACHE_DIR_ENV, KEY_DIR_ENV, default_cache_dir, default_key_dir
-from labctl.profile import ProfileError, load_profile
+from labctl.profile import ProfileError, load_profile, profile_oses
 from labctl.progress import human_size, make_reporter
 
 app = typer.Typer(help="Build and verify the signed offline bundle.", no_args_is_help=True)
@@ -49,6 +51,14 @@ def build(
         Path | None,
         typer.Option(envvar=CACHE_DIR_ENV, help="Download cache.", show_default="~/.cache/labctl/bundle"),
     ] = None,
+    updates_from: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--updates-from",
+            help="dpkg status (/var/lib/dpkg/status) copied from an installed lab host: the distribution's security "
+            "updates for what it has installed are added (repeatable, one per host).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary on stdout.")] = False,
     target_os: Annotated[
         str | None,
@@ -65,7 +75,7 @@ def build(
             out=out,
             key_dir=key_dir or default_key_dir(),
             cache_dir=cache_dir or default_cache_dir(),
-            base=BaseSpec(image=base_image, status_file=base_status),
+            base=BaseSpec(image=base_image, status_file=base_status, updates_from=tuple(updates_from or ())),
         )
         result = build_bundle(options, make_reporter())
     except (BuildError, ProfileError) as exc:
@@ -89,6 +99,8 @@ def build(
         typer.echo(f"  prisma: CLI and engines, {prisma['files']} files ({human_size(sizes['prisma'])})")
     elif prisma["reason"] != NO_SECTION:
         typer.echo(f"  prisma: absent ({prisma['reason']})")
+    for host in summary["updates"]:
+        typer.echo(f"  security updates for {host['status']}: {host['security']} ({host['packages']} packages)")
     typer.echo(f"  files: {counts['files']} ({human_size(sizes['total'])})")
     for skipped in summary["skipped"]:
         typer.echo(f"  skipped: apt source {skipped['source']} ({skipped['reason']})")
@@ -119,6 +131,43 @@ def resolve(
     target = loaded.spec.target
     _print_json({"profile": loaded.name, "os": loaded.os, "python": target.python, "platforms": target.platforms,
                  "sets": sets})
+
+
+@app.command()
+def lock(
+    profile: Annotated[str, typer.Option(help="Profile name (profiles/NAME.yml) or path to a .yml file.")],
+    target_os: Annotated[
+        list[str] | None,
+        typer.Option("--os", help="An OS of the profile's os: section (repeatable); default: every one it lists."),
+    ] = None,
+    only: Annotated[list[str] | None, typer.Option("--set", help="Only this wheel set (repeatable).")] = None,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(envvar=CACHE_DIR_ENV, help="Download cache.", show_default="~/.cache/labctl/bundle"),
+    ] = None,
+) -> None:
+    """Resolve PROFILE's wheel sets per OS and write its locks (<locks>/<os>/<set>.txt, and
+    <locks>/<os>/prisma.json with the engines' hashes as the mirror publishes them today):
+    review the diff and commit them; the build then uses only them."""
+    try:
+        oses = list(target_os or profile_oses(profile))
+        for os_key in oses:
+            loaded = load_profile(profile, os_key)
+            sets = loaded.spec.wheels.sets
+            unknown = [name for name in only or [] if name not in sets]
+            if unknown:
+                raise BuildError(f"--set {unknown[0]}: profile {loaded.name} has no such wheel set ({', '.join(sets)})")
+            for name, spec in sets.items():
+                if only and name not in only:
+                    continue
+                path, pins = write_lock(loaded, cache_dir or default_cache_dir(), name, spec, set_args(loaded, spec))
+                indexes = sorted({pin.index for pin in pins})
+                typer.echo(f"{os_key} {name}: {len(pins)} wheels from {', '.join(indexes)} -> {path}")
+            if loaded.spec.prisma is not None and not only:
+                path, count = write_prisma_lock(loaded)
+                typer.echo(f"{os_key} prisma: {count} engine files of {loaded.spec.prisma.engine_commit[:12]} -> {path}")
+    except (BuildError, ProfileError) as exc:
+        _fail(str(exc))
 
 
 @app.command()

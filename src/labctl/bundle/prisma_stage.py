@@ -182,8 +182,11 @@ class _Fetched:
     gz_sha256: str
 
 
-def _download_engine(location: str, gz_expected: str, expected: str, final: Path) -> None:
-    """``location`` (.gz) -> ``final`` (decompressed, 0755), both checksums checked."""
+def _download_engine(location: str, gz_expected: str, expected: str, final: Path, pinned_in: str | None = None) -> None:
+    """``location`` (.gz) -> ``final`` (decompressed, 0755), both checksums checked (``pinned_in``:
+    the lock file they come from; None: the mirror's .sha256 files)."""
+    gz_said = f"{pinned_in} pins" if pinned_in else f"{location}.sha256 says"
+    said = f"{pinned_in} pins" if pinned_in else f"{location.removesuffix('.gz')}.sha256 says"
     gz_tmp, out_tmp = _tmp(final.parent), _tmp(final.parent)
     try:
         gz_digest = hashlib.sha256()
@@ -193,7 +196,7 @@ def _download_engine(location: str, gz_expected: str, expected: str, final: Path
                 writer.write(chunk)
         if gz_digest.hexdigest() != gz_expected:
             raise BuildError(
-                f"prisma: {location} has sha256 {gz_digest.hexdigest()}, but {location}.sha256 says {gz_expected}; refusing it"
+                f"prisma: {location} has sha256 {gz_digest.hexdigest()}, but {gz_said} {gz_expected}; refusing it"
             )
         digest = hashlib.sha256()
         try:
@@ -205,8 +208,7 @@ def _download_engine(location: str, gz_expected: str, expected: str, final: Path
             raise BuildError(f"prisma: {location}: not a valid gzip file: {exc}") from exc
         if digest.hexdigest() != expected:
             raise BuildError(
-                f"prisma: {location} decompressed has sha256 {digest.hexdigest()}, but "
-                f"{location.removesuffix('.gz')}.sha256 says {expected}; refusing it"
+                f"prisma: {location} decompressed has sha256 {digest.hexdigest()}, but {said} {expected}; refusing it"
             )
         out_tmp.chmod(0o755)
         os.replace(out_tmp, final)
@@ -215,22 +217,85 @@ def _download_engine(location: str, gz_expected: str, expected: str, final: Path
         out_tmp.unlink(missing_ok=True)
 
 
-def _engine(base: str, cache: Path, commit: str, platform: str, engine: Engine) -> _Fetched:
-    """One engine, from the cache when its recorded checksum still matches, else from the mirror."""
+Pins = dict[tuple[str, str], tuple[str, str]]  # (platform, url_name) -> (sha256, gz_sha256)
+
+
+def _engine(base: str, cache: Path, commit: str, platform: str, engine: Engine,
+            pins: Pins | None = None, pinned_in: str | None = None) -> _Fetched:
+    """One engine, from the cache when its checksum still matches, else from the mirror. With
+    ``pins`` the checksums are the lock's and the mirror's .sha256 files are not read."""
     directory = private_dir(cache / "engines" / commit / platform)
     final = directory / engine.url_name
     record, gz_record = directory / f"{engine.url_name}.sha256", directory / f"{engine.url_name}.gz.sha256"
+    pinned = pins.get((platform, engine.url_name)) if pins is not None else None
     if final.is_file() and record.is_file() and gz_record.is_file():
         expected = record.read_text(encoding="utf-8").strip()
-        if _sha256_file(final) == expected:
-            return _Fetched(final, expected, gz_record.read_text(encoding="utf-8").strip())
+        gz_known = gz_record.read_text(encoding="utf-8").strip()
+        if (pinned is None or pinned == (expected, gz_known)) and _sha256_file(final) == expected:
+            return _Fetched(final, expected, gz_known)
     location = f"{base}/{engine_path(commit, platform, engine)}"
-    gz_expected = _checksum(f"{location}.sha256")
-    expected = _checksum(f"{location.removesuffix('.gz')}.sha256")
-    _download_engine(location, gz_expected, expected, final)
+    if pinned is not None:
+        expected, gz_expected = pinned
+    else:
+        gz_expected = _checksum(f"{location}.sha256")
+        expected = _checksum(f"{location.removesuffix('.gz')}.sha256")
+    _download_engine(location, gz_expected, expected, final, pinned_in)
     record.write_text(expected, encoding="utf-8")
     gz_record.write_text(gz_expected, encoding="utf-8")
     return _Fetched(final, expected, gz_expected)
+
+
+def prisma_lock_path(profile: LoadedProfile) -> Path | None:
+    return profile.resolve(profile.spec.locks) / profile.os / "prisma.json" if profile.spec.locks else None
+
+
+def write_prisma_lock(profile: LoadedProfile) -> tuple[Path, int]:
+    """``<locks>/<os>/prisma.json`` from the mirror's .sha256 files as they are now (`labctl bundle
+    lock`): reviewed and committed, it is what later builds check the engines against."""
+    spec = profile.spec.prisma
+    path = prisma_lock_path(profile)
+    assert spec is not None and path is not None
+    engines: dict[str, dict[str, dict[str, str]]] = {}
+    try:
+        base = _base(spec, profile)
+        for platform in spec.platforms:
+            for engine in ENGINES:
+                location = f"{base}/{engine_path(spec.engine_commit, platform, engine)}"
+                engines.setdefault(platform, {})[engine.url_name] = {
+                    "sha256": _checksum(f"{location.removesuffix('.gz')}.sha256"),
+                    "gz_sha256": _checksum(f"{location}.sha256"),
+                }
+    except Unavailable as exc:
+        raise BuildError(f"prisma: {exc}: lock where prisma.mirror ({spec.mirror}) is reachable") from exc
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"engine_commit": spec.engine_commit, "mirror": spec.mirror, "engines": engines}
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path, sum(len(files) for files in engines.values())
+
+
+def read_prisma_lock(profile: LoadedProfile) -> Pins:
+    spec = profile.spec.prisma
+    path = prisma_lock_path(profile)
+    assert spec is not None and path is not None
+    fix = f"run `labctl bundle lock --profile {profile.name} --os {profile.os}` where {spec.mirror} is reachable, review and commit it"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BuildError(f"prisma: no engine lock {path}: {fix}") from None
+    except (OSError, ValueError) as exc:
+        raise BuildError(f"prisma: {path}: {exc}") from exc
+    if not isinstance(data, dict) or data.get("engine_commit") != spec.engine_commit:
+        raise BuildError(f"prisma: {path} pins engines commit {data.get('engine_commit') if isinstance(data, dict) else None}, "
+                         f"the profile asks for {spec.engine_commit}: {fix}")
+    pins: Pins = {}
+    for platform in spec.platforms:
+        for engine in ENGINES:
+            entry = (data.get("engines") or {}).get(platform, {}).get(engine.url_name) or {}
+            sha, gz = entry.get("sha256", ""), entry.get("gz_sha256", "")
+            if not (_SHA256.match(str(sha)) and _SHA256.match(str(gz))):
+                raise BuildError(f"prisma: {path} pins no sha256 for {platform}/{engine.url_name}: {fix}")
+            pins[(platform, engine.url_name)] = (str(sha).lower(), str(gz).lower())
+    return pins
 
 
 def _base(spec: Prisma, profile: LoadedProfile) -> str:
@@ -390,13 +455,15 @@ def collect_prisma(profile: LoadedProfile, cache: Path, staging: Staging) -> Pri
     root = private_dir(cache / PRISMA)
     commit = spec.engine_commit
     fetched: list[tuple[str, Engine, _Fetched]] = []
+    pins = read_prisma_lock(profile) if profile.spec.locks else None
+    pinned_in = str(prisma_lock_path(profile)) if pins is not None else None
     try:
         base = _base(spec, profile)
         count = len(spec.platforms) * len(ENGINES)
         with reporter.task(f"prisma: engines {commit[:12]} for {', '.join(spec.platforms)}", count, unit="files") as advance:
             for platform in spec.platforms:
                 for engine in ENGINES:
-                    fetched.append((platform, engine, _engine(base, root, commit, platform, engine)))
+                    fetched.append((platform, engine, _engine(base, root, commit, platform, engine, pins, pinned_in)))
                     advance(1)
         with reporter.task(f"prisma: npm install prisma@{spec.cli_version}", None, unit="packages") as advance:
             cli = _cli(spec, root)

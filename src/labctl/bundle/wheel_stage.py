@@ -9,11 +9,13 @@ resolved there, and nothing the lock does not name can come in.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from labctl.bundle.errors import BuildError
+from labctl.bundle.locks import download_locked, lock_path, read_lock
 from labctl.bundle.staging import Staging
 from labctl.bundle.wheels import WheelName, parse_wheel_name, pip_download, pip_resolve
 from labctl.paths import private_dir
@@ -48,7 +50,7 @@ def _requirements(profile: LoadedProfile, cache: Path) -> Path | None:
     return req
 
 
-def _set_args(profile: LoadedProfile, spec: WheelSet) -> list[str]:
+def set_args(profile: LoadedProfile, spec: WheelSet) -> list[str]:
     args: list[str] = ["--no-index"] if spec.no_index else []
     for url in spec.extra_index_urls:
         args += ["--extra-index-url", url]
@@ -85,11 +87,11 @@ def _resolve_set(
             target.abi,
             target.platforms,
             advance,
-            _set_args(profile, spec),
+            set_args(profile, spec),
             what=f"wheels.sets.{name}",
         )
     resolution = pip_resolve(
-        req, target.python, target.abi, target.platforms, _set_args(profile, spec), what=f"wheels.sets.{name}"
+        req, target.python, target.abi, target.platforms, set_args(profile, spec), what=f"wheels.sets.{name}"
     )
     unknown = [project for project in spec.exclude if project not in resolution]
     if unknown:
@@ -120,7 +122,7 @@ def resolve_sets(profile: LoadedProfile, cache: Path) -> dict[str, dict[str, str
         req = private_dir(cache / "wheels") / f"resolve-{profile.name}-{profile.os}-{name}.txt"
         req.write_text("\n".join(spec.requirements) + "\n", encoding="utf-8")
         resolution = pip_resolve(
-            req, target.python, target.abi, target.platforms, _set_args(profile, spec), what=f"wheels.sets.{name}"
+            req, target.python, target.abi, target.platforms, set_args(profile, spec), what=f"wheels.sets.{name}"
         )
         resolved[name] = {project: version for project, version in sorted(resolution.items()) if project not in spec.exclude}
     return resolved
@@ -138,8 +140,16 @@ def collect_wheels(profile: LoadedProfile, cache: Path, staging: Staging) -> Whe
             )
         items.update({f"{WHEELS}/{path.name}": path for path in downloaded})
     set_files: dict[str, list[str]] = {}
+    locked: dict[str, dict[str, str]] = {}
     for name, spec in profile.spec.wheels.sets.items():
-        chosen = _resolve_set(profile, cache, staging, name, spec)
+        if profile.spec.locks is not None:
+            pins = read_lock(profile, name, spec)
+            locked[name] = {pin.name: pin.sha256 for pin in pins}
+            with staging.reporter.task(f"wheels: fetch locked set {name} ({len(pins)} wheels)", len(pins),
+                                       unit="wheels") as advance:
+                chosen = download_locked(profile, cache, name, pins, advance)
+        else:
+            chosen = _resolve_set(profile, cache, staging, name, spec)
         set_files[name] = [f"{WHEELS}/{path.name}" for path in chosen]
         items.update({f"{WHEELS}/{path.name}": path for path in chosen})
     for index, entry in enumerate(profile.spec.wheels.local):
@@ -160,9 +170,15 @@ def collect_wheels(profile: LoadedProfile, cache: Path, staging: Staging) -> Whe
         )
     for name, spec in profile.spec.wheels.sets.items():
         pinned = [(parse_wheel_name(Path(rel).name), added[rel].sha256) for rel in set_files[name]]
+        for wheel, sha256 in pinned:
+            want = locked.get(name, {}).get(normalize(wheel.name))
+            if name in locked and want != sha256:
+                raise BuildError(f"wheels.sets.{name}: {wheel.name} {wheel.version} has sha256 {sha256}, its lock says {want}")
         lock = f"{SETS}/{name}.txt"
         staging.add_bytes(lock_text(name, spec, pinned).encode("utf-8"), lock, f"wheels.sets.{name}")
+        committed = lock_path(profile, name)
         result.sets[name] = {
+            "locked_from": os.path.relpath(committed, profile.path.parent) if committed is not None else None,
             "requirements": list(spec.requirements),
             "exclude": list(spec.exclude),
             "lock": lock,

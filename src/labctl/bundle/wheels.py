@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from labctl.bundle.errors import BuildError
 from labctl.profile import normalize_project
@@ -113,19 +114,16 @@ def pip_download(
     return files
 
 
-def pip_resolve(
+def pip_report(
     requirements: Path,
     python: str,
     abi: str,
     platforms: Sequence[str],
     extra_args: Sequence[str] = (),
     what: str = "wheels.requirements",
-) -> dict[str, str]:
-    """The final resolution (normalised project name -> version) pip would install on the target.
-
-    ``pip download`` keeps every candidate it fetched while backtracking; this dry run names
-    the set that won, so a lock holds exactly one version of each project.
-    """
+) -> list[dict[str, Any]]:
+    """The ``install`` items of pip's installation report for the target: what pip would install
+    (metadata) and from where (download_info: URL and hashes), without downloading the wheels."""
     with tempfile.TemporaryDirectory(prefix="labctl-resolve-") as tmp:
         report = Path(tmp) / "report.json"
         cmd = pip_download_command(Path(tmp) / "target", requirements, python, abi, platforms, extra_args)
@@ -140,7 +138,24 @@ def pip_resolve(
             errors = [line.strip() for line in lines if line.startswith("ERROR:")] or lines[-1:] or [f"exit {proc.returncode}"]
             raise BuildError(f"{what}: pip could not resolve the set: {errors[0]}")
         data = json.loads(report.read_text(encoding="utf-8"))
+    items: list[dict[str, Any]] = data.get("install", [])
+    return items
+
+
+def pip_resolve(
+    requirements: Path,
+    python: str,
+    abi: str,
+    platforms: Sequence[str],
+    extra_args: Sequence[str] = (),
+    what: str = "wheels.requirements",
+) -> dict[str, str]:
+    """The final resolution (normalised project name -> version) pip would install on the target.
+
+    ``pip download`` keeps every candidate it fetched while backtracking; this dry run names
+    the set that won, so a lock holds exactly one version of each project.
+    """
     return {
         normalize_project(item["metadata"]["name"]): str(item["metadata"]["version"])
-        for item in data.get("install", [])
+        for item in pip_report(requirements, python, abi, platforms, extra_args, what)
     }

@@ -176,6 +176,21 @@ def rolling_restart(
     _execute_and_exit(request)
 
 
+def patch(
+    inventory: Inventory,
+    limit: Limit = None,
+    extra_vars: ExtraVars = None,
+    json_output: JsonOut = False,
+    keep_days: KeepDays = 30,
+) -> None:
+    """Apply a bundle's security updates (labctl bundle build --updates-from) one host at a time:
+    replicas drained, apt upgrade, reboot only for a new kernel, services on replaced code
+    restarted one by one, then the next host. Give the new bundle with -e lab_bundle_src=DIR."""
+    request = _request("patch", inventory, Path("playbooks/patch.yml"), limit, None, False, False,
+                       extra_vars, json_output, keep_days)
+    _execute_and_exit(request)
+
+
 def execute_quiet(request: RunRequest) -> tuple[int, Any]:
     """execute() with its JSON event lines kept off stdout (smoke prints its own table)."""
     with contextlib.redirect_stdout(io.StringIO()):
