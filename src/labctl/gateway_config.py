@@ -20,6 +20,7 @@ from labctl.runs.playbook import ansible_path
 
 PLAYBOOK = "playbooks/gateway-config.yml"
 RENDER_TASK = "Print the proxy configuration"
+ADMISSION_TASK = "Print the priority admission callback"
 MASK = "********"
 # Keys whose literal values are secrets. The role's config refers to them as os.environ/NAME
 # (the secrets live in litellm.env), so masking only matters for a config that inlines one.
@@ -41,8 +42,9 @@ def mask_secrets(text: str) -> str:
     return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
-def render(inventory: Path) -> tuple[dict[str, str], list[str]]:
-    """Run the playbook; returns the config per gateway host and the failure messages."""
+def render(inventory: Path, admission: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+    """Run the playbook; returns the config per gateway host and the failure messages (and fills
+    ``admission`` with each host's labctl_admission.py when given)."""
     configs: dict[str, str] = {}
     failures: list[str] = []
 
@@ -53,6 +55,9 @@ def render(inventory: Path) -> tuple[dict[str, str], list[str]]:
         res: dict[str, Any] = raw if isinstance(raw, dict) else {}
         if event.get("event") == "runner_on_ok" and str(data.get("task", "")).endswith(RENDER_TASK):
             configs[host] = str(res.get("msg", ""))
+        elif event.get("event") == "runner_on_ok" and str(data.get("task", "")).endswith(ADMISSION_TASK):
+            if admission is not None:
+                admission[host] = str(res.get("msg", ""))
         elif event.get("event") in ("runner_on_failed", "runner_on_unreachable"):
             failures.append(f"{host}: {data.get('task')}: {res.get('msg', res)}")
         return True
@@ -77,16 +82,26 @@ def render(inventory: Path) -> tuple[dict[str, str], list[str]]:
 def gateway_config(
     inventory: Annotated[Path, typer.Option("--inventory", "-i", help="Inventory directory or file.")],
     show_secrets: Annotated[bool, typer.Option("--show-secrets", help="Print literal secrets instead of a mask.")] = False,
+    admission_out: Annotated[
+        Path | None,
+        typer.Option("--admission-out", help="Also write the priority admission callback (labctl_admission.py) here."),
+    ] = None,
 ) -> None:
     """Print the LiteLLM config.yaml the litellm role would deploy for INVENTORY (contacts no host)."""
     if not inventory.exists():
         typer.echo(f"error: --inventory {inventory}: no such file or directory", err=True)
         raise typer.Exit(int(Exit.USAGE))
-    configs, failures = render(inventory)
+    admission: dict[str, str] = {}
+    configs, failures = render(inventory, admission)
     if failures or not configs:
         for failure in failures or [f"no host in gateway_hosts of {inventory}"]:
             typer.echo(f"error: {failure}", err=True)
         raise typer.Exit(int(Exit.FAILED))
+    if admission_out is not None:
+        if not admission:
+            typer.echo("error: the admission callback was not rendered", err=True)
+            raise typer.Exit(int(Exit.FAILED))
+        admission_out.write_text(admission[sorted(admission)[0]], encoding="utf-8")
     for host, text in sorted(configs.items()):
         if len(configs) > 1:
             typer.echo(f"# --- gateway host {host}")

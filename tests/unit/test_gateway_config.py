@@ -35,8 +35,12 @@ def test_renders_the_roles_config_for_the_inventorys_replicas(rendered: str) -> 
     defaults = yaml.safe_load((REPO / "roles" / "litellm" / "defaults" / "main.yml").read_text())
     bench_vars = yaml.safe_load((BENCH_INVENTORY / "group_vars" / "all" / "site.yml").read_text())
     workers = bench_vars.get("litellm_num_workers", defaults["litellm_num_workers"])
-    per_worker = math.ceil(2 * 32 * defaults["litellm_admission_overcommit"] / workers)
-    assert config["general_settings"]["max_in_flight_requests_per_worker"] == per_worker
+    slots = math.ceil(2 * 32 * defaults["litellm_admission_slots_factor"] / workers)  # one gateway host
+    # LiteLLM's first-come queue only beyond the priority gate's slots and whole queue.
+    assert config["general_settings"]["max_in_flight_requests_per_worker"] == (
+        slots + defaults["litellm_max_queued_requests_per_worker"])
+    assert f"admits {slots} per worker" in rendered
+    assert config["litellm_settings"]["callbacks"][-1] == "labctl_admission.admission"
     assert config["router_settings"]["cooldown_time"] == defaults["litellm_cooldown_time"]
     # The bench inventory has no database; the secrets stay references to litellm.env.
     assert "database_url" not in config["general_settings"]

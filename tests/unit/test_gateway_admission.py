@@ -1,0 +1,301 @@
+"""The gateway's priority admission (roles/litellm/.../labctl_admission.py.j2): the order in which
+waiting requests are admitted (class, arrival, floor), timeouts and cancellations, and the slot of
+each request given back exactly once by whichever LiteLLM hook ends it. LiteLLM itself is stood
+in for (its hook names and parameters are checked against the bundle's wheel below); the run
+through the real proxy is molecule stack's test_a_batch_flood_does_not_hold_back_an_interactive_request."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import json
+import sys
+import types
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm" / "labctl_admission.py.j2"
+WHEELS = REPO / "build" / "bundles" / "test" / "wheels"
+sys.path.insert(0, str(REPO / "filter_plugins"))
+
+from labctl_filters import labctl_class_floors  # noqa: E402
+
+INTERACTIVE, BATCH = 0, 10
+
+
+class _CustomLogger:
+    def __init__(self) -> None:
+        pass
+
+
+class _HTTPException(Exception):
+    def __init__(self, status_code: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status_code, self.detail, self.headers = status_code, detail, headers
+
+
+def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slots: int = 4, timeout: float = 900,
+          floors: dict[str, float] | None = None) -> Any:
+    for name in ("litellm", "litellm.integrations"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    custom = types.ModuleType("litellm.integrations.custom_logger")
+    custom.CustomLogger = _CustomLogger  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "litellm.integrations.custom_logger", custom)
+    fastapi = types.ModuleType("fastapi")
+    fastapi.HTTPException = _HTTPException  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fastapi", fastapi)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["to_json"] = json.dumps
+    env.filters["comment"] = lambda text: "# " + text
+    source = env.from_string(TEMPLATE.read_text()).render(
+        ansible_managed="Ansible managed", __litellm_admission_slots_per_worker=slots,
+        __litellm_class_priorities={"m": INTERACTIVE, "m-batch": BATCH},
+        __litellm_class_floors={str(BATCH): 0.2} if floors is None else floors,
+        litellm_admission_queue_timeout=timeout, litellm_admission_retry_after=30, litellm_request_timeout=1800)
+    path = tmp_path / "labctl_admission.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("labctl_admission", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def _queue(gate: Any, order: list[str], admitted: list[str]) -> list[asyncio.Task[None]]:
+    """Requests named like 'i1' (interactive) or 'b1' (batch), arriving in this order."""
+    async def one(name: str) -> None:
+        await gate.acquire(INTERACTIVE if name.startswith("i") else BATCH)
+        admitted.append(name)
+
+    tasks = []
+    for name in order:
+        tasks.append(asyncio.create_task(one(name)))
+        await asyncio.sleep(0)  # arrival order
+    await asyncio.sleep(0)
+    return tasks
+
+
+def test_waiting_requests_go_by_class_then_arrival(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _load(tmp_path, monkeypatch, floors={})
+
+    async def scenario() -> list[str]:
+        gate = module.Gate(1, {}, 900)
+        await gate.acquire(BATCH)  # the one slot, taken by a batch request
+        admitted: list[str] = []
+        tasks = await _queue(gate, ["b1", "i1", "b2", "i2", "b3"], admitted)
+        assert admitted == [] and gate.queued() == 5
+        for count in range(1, 6):
+            gate.release(INTERACTIVE if admitted and admitted[-1].startswith("i") else BATCH)
+            for _ in range(100):  # until the admitted request has run
+                if len(admitted) == count:
+                    break
+                await asyncio.sleep(0)
+        await asyncio.gather(*tasks)
+        return admitted
+
+    # An interactive request is never admitted after a later batch one, nor waits while one is admitted.
+    assert _run(scenario()) == ["i1", "i2", "b1", "b2", "b3"]
+
+
+def test_free_slots_admit_at_once_whatever_the_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _load(tmp_path, monkeypatch)
+
+    async def scenario() -> tuple[int, int]:
+        gate = module.Gate(3, {BATCH: 0.2}, 900)
+        for priority in (BATCH, BATCH, INTERACTIVE):
+            await asyncio.wait_for(gate.acquire(priority), 0.1)
+        return gate.in_flight(), gate.queued()
+
+    assert _run(scenario()) == (3, 0)
+
+
+def test_batch_keeps_its_floor_while_it_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 slots, batch floor 20 %: under an interactive flood batch still holds 2 slots, never more
+    while interactive requests wait."""
+    module = _load(tmp_path, monkeypatch)
+
+    async def scenario() -> list[int]:
+        gate = module.Gate(10, {BATCH: 0.2}, 900)
+        for _ in range(10):
+            await gate.acquire(INTERACTIVE)
+        admitted: list[str] = []
+        tasks = await _queue(gate, [f"b{n}" for n in range(6)] + [f"i{n}" for n in range(30)], admitted)
+        batch_running = []
+        for _ in range(30):
+            running = dict(gate.running)
+            # end one interactive request (the flood's), keep every admitted batch request running
+            if running.get(INTERACTIVE, 0):
+                gate.release(INTERACTIVE)
+            await asyncio.sleep(0)
+            batch_running.append(gate.running.get(BATCH, 0))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return batch_running
+
+    shares = _run(scenario())
+    assert shares[:2] == [1, 2] and max(shares) == 2 and shares[-1] == 2, shares
+
+
+def test_timeout_and_cancellation_leave_the_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _load(tmp_path, monkeypatch)
+
+    async def scenario() -> None:
+        gate = module.Gate(1, {}, 0.05)
+        await gate.acquire(INTERACTIVE)
+        with pytest.raises(module.AdmissionTimeout):
+            await gate.acquire(BATCH)
+        assert gate.queued() == 0 and gate.in_flight() == 1
+        waiter = asyncio.create_task(gate.acquire(INTERACTIVE))
+        await asyncio.sleep(0.01)
+        waiter.cancel()  # the client went away while it waited
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert gate.queued() == 0 and gate.in_flight() == 1
+        gate.release(INTERACTIVE)
+        assert gate.in_flight() == 0
+
+    _run(scenario())
+
+
+def test_a_full_gate_answers_503_with_retry_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _load(tmp_path, monkeypatch, slots=1, timeout=0.05)
+
+    async def scenario() -> None:
+        admission = module.Admission()
+
+        def request() -> asyncio.Task[Any]:  # each request is its own task, as in the proxy
+            return asyncio.create_task(admission.async_pre_call_hook(
+                types.SimpleNamespace(metadata={}), None, {"model": "m"}, "acompletion"))
+
+        await request()
+        with pytest.raises(_HTTPException) as info:
+            await request()
+        assert info.value.status_code == 503 and info.value.headers == {"Retry-After": "30"}
+        # its own rejection reaches the failure hook: nothing is given back for it
+        await admission.async_post_call_failure_hook({"model": "m", "metadata": {}}, info.value, None)
+        assert admission.gate.in_flight() == 1
+
+    _run(scenario())
+
+
+def test_each_hook_gives_the_slot_back_exactly_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _load(tmp_path, monkeypatch, slots=2)
+    key = types.SimpleNamespace(metadata={})
+
+    async def admitted(admission: Any) -> dict[str, Any]:
+        data: dict[str, Any] = {"model": "m"}
+        await asyncio.create_task(admission.async_pre_call_hook(key, None, data, "acompletion"))
+        return data
+
+    async def scenario() -> None:
+        admission = module.Admission()
+        gate = admission.gate
+        data = await admitted(admission)
+        assert gate.in_flight() == 1 and data["metadata"]["labctl_admission"] in admission.tickets
+        await admission.async_post_call_success_hook(data, key, object())
+        await admission.async_post_call_failure_hook(data, RuntimeError(), key)  # both fired: one release
+        assert gate.in_flight() == 0
+
+        async def chunks() -> Any:
+            yield "a"
+            raise RuntimeError("upstream broke mid-stream")
+
+        data = await admitted(admission)
+        stream = admission.async_post_call_streaming_iterator_hook(key, chunks(), data)
+        assert await stream.__anext__() == "a"
+        with pytest.raises(RuntimeError):
+            await stream.__anext__()
+        await admission.async_post_call_failure_hook(data, RuntimeError(), key)
+        assert gate.in_flight() == 0
+
+        data = await admitted(admission)
+        stream = admission.async_post_call_streaming_iterator_hook(key, chunks(), data)
+        await stream.__anext__()
+        await stream.aclose()  # the client left mid-stream
+        assert gate.in_flight() == 0 and admission.tickets == {}
+
+    _run(scenario())
+
+
+def test_a_rerun_of_the_pre_call_hooks_keeps_the_one_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LiteLLM runs the pre-call hooks again on a rate-limit fallback, in the same request task."""
+    module = _load(tmp_path, monkeypatch, slots=1, timeout=0.05)
+
+    async def one_request(admission: Any) -> dict[str, Any]:
+        first: dict[str, Any] = {"model": "m"}
+        await admission.async_pre_call_hook(types.SimpleNamespace(metadata={}), None, first, "acompletion")
+        again: dict[str, Any] = {"model": "m"}
+        await admission.async_pre_call_hook(types.SimpleNamespace(metadata={}), None, again, "acompletion")
+        assert again["metadata"]["labctl_admission"] == first["metadata"]["labctl_admission"]
+        return again
+
+    async def scenario() -> None:
+        admission = module.Admission()
+        data = await asyncio.create_task(one_request(admission))
+        assert admission.gate.in_flight() == 1
+        await admission.async_post_call_success_hook(data, None, object())
+        assert admission.gate.in_flight() == 0
+
+    _run(scenario())
+
+
+def test_a_key_with_a_priority_decides_its_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _load(tmp_path, monkeypatch)
+    assert module.priority_of("m", {}) == INTERACTIVE
+    assert module.priority_of("m-batch", None) == BATCH
+    assert module.priority_of("m", {"priority": 10}) == BATCH  # a batch application's key
+    assert module.priority_of("m-batch", {"priority": "0"}) == INTERACTIVE
+    assert module.priority_of("unknown-name", {}) == BATCH  # the least urgent class
+
+
+def test_a_lost_slot_is_taken_back_after_max_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _load(tmp_path, monkeypatch, slots=1)
+
+    async def scenario() -> None:
+        admission = module.Admission(max_hold=0.05)
+        await asyncio.create_task(admission.async_pre_call_hook(types.SimpleNamespace(metadata={}), None,
+                                                                {"model": "m"}, "acompletion"))
+        await asyncio.sleep(0.1)  # no hook ever ends that request
+        await asyncio.wait_for(asyncio.create_task(admission.async_pre_call_hook(
+            types.SimpleNamespace(metadata={}), None, {"model": "m"}, "acompletion")), 1)
+        assert admission.gate.in_flight() == 1
+
+    _run(scenario())
+
+
+def test_floors_from_the_classes() -> None:
+    classes = [{"name": "m", "priority": 0}, {"name": "m-batch", "priority": 10}]
+    assert labctl_class_floors(classes, 0.2) == {"10": 0.2}
+    assert labctl_class_floors([*classes[:1], {"name": "m-batch", "priority": 10, "floor": 0.3}], 0.2) == {"10": 0.3}
+    assert labctl_class_floors([{"name": "m", "priority": 0}], 0.2) == {}
+
+
+def test_the_hooks_match_the_pinned_litellm() -> None:
+    """Names and parameters of the hooks this callback overrides, as LiteLLM 1.106.0 declares them."""
+    wheel = next(WHEELS.glob("litellm-1.106.0-*.whl"), None)
+    if wheel is None:
+        pytest.skip("the test bundle is not built (make bundle-test)")
+    with zipfile.ZipFile(wheel) as archive:
+        source = archive.read("litellm/integrations/custom_logger.py").decode()
+    for hook, params in {
+        "async_pre_call_hook": "self, user_api_key_dict, cache, data, call_type",
+        "async_post_call_success_hook": "self, data, user_api_key_dict, response",
+        "async_post_call_failure_hook": "self, request_data, original_exception, user_api_key_dict, traceback_str",
+        "async_post_call_streaming_iterator_hook": "self, user_api_key_dict, response, request_data",
+    }.items():
+        start = source.index(f"async def {hook}(")
+        declared = source[start:source.index(")", start)]
+        names = [p.split(":")[0].split("=")[0].strip() for p in declared.split("(", 1)[1].split(",") if p.strip()]
+        assert ", ".join(names) == params, (hook, names)
+    assert inspect.isfunction(labctl_class_floors)
