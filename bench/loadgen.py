@@ -14,7 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import aiohttp
+try:  # the schedule (and its unit tests) needs no HTTP client; playing it does (build/bench-venv)
+    import aiohttp
+except ModuleNotFoundError:  # pragma: no cover - the project venv has no aiohttp
+    aiohttp = None  # type: ignore[assignment]
 from gatewaymetrics import gateway_row, parse_metrics
 
 
@@ -24,7 +27,14 @@ class Phase:
     start: float  # seconds from the run's start
     end: float
     load: float  # mean offered load, as a fraction of the replicas' decode capacity
-    burst: bool = False  # alternate 12 s at 1.0 x capacity and 8 s at (20 x load - 12) / 8
+    burst: bool = False  # cycles of (cycle - peak) s at `base` x capacity, then `peak` s above: mean `load`
+    cycle: float = 20.0
+    peak: float = 8.0
+    base: float = 1.0
+
+    @property
+    def peak_load(self) -> float:
+        return (self.cycle * self.load - (self.cycle - self.peak) * self.base) / self.peak
 
 
 @dataclass(frozen=True)
@@ -61,8 +71,8 @@ def rate_at(phase: Phase, t: float) -> float:
     """Offered load (x capacity) at t seconds into the run."""
     if not phase.burst:
         return phase.load
-    cycle = (t - phase.start) % 20.0
-    return 1.0 if cycle < 12.0 else (20.0 * phase.load - 12.0) / 8.0
+    cycle = (t - phase.start) % phase.cycle
+    return phase.base if cycle < phase.cycle - phase.peak else phase.peak_load
 
 
 def schedule(phases: Iterable[Phase], capacity_rps: float, seed: int, mean_tokens: float, *,
@@ -72,7 +82,7 @@ def schedule(phases: Iterable[Phase], capacity_rps: float, seed: int, mean_token
     rng = random.Random(seed)
     plan: list[Planned] = []
     for phase in phases:
-        peak = max(phase.load, (20.0 * phase.load - 12.0) / 8.0 if phase.burst else 0.0) * capacity_rps
+        peak = max(phase.load, phase.base if phase.burst else 0.0, phase.peak_load if phase.burst else 0.0) * capacity_rps
         t = phase.start
         while peak > 0:
             t += rng.expovariate(peak)
