@@ -7,31 +7,24 @@ through the real proxy is molecule stack's test_a_batch_flood_does_not_hold_back
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
-import json
 import sys
 import types
 import zipfile
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATE = REPO / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm" / "labctl_admission.py.j2"
 WHEELS = REPO / "build" / "bundles" / "test" / "wheels"
 sys.path.insert(0, str(REPO / "filter_plugins"))
 
 from labctl_filters import labctl_class_floors  # noqa: E402
 
+from .callback_loader import load_callback  # noqa: E402
+
 INTERACTIVE, BATCH = 0, 10
-
-
-class _CustomLogger:
-    def __init__(self) -> None:
-        pass
 
 
 class _HTTPException(Exception):
@@ -42,29 +35,11 @@ class _HTTPException(Exception):
 
 def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slots: int = 4, timeout: float = 900,
           floors: dict[str, float] | None = None) -> Any:
-    for name in ("litellm", "litellm.integrations"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    custom = types.ModuleType("litellm.integrations.custom_logger")
-    custom.CustomLogger = _CustomLogger  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "litellm.integrations.custom_logger", custom)
-    fastapi = types.ModuleType("fastapi")
-    fastapi.HTTPException = _HTTPException  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "fastapi", fastapi)
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    env.filters["to_json"] = json.dumps
-    env.filters["comment"] = lambda text: "# " + text
-    source = env.from_string(TEMPLATE.read_text()).render(
-        ansible_managed="Ansible managed", __litellm_admission_slots_per_worker=slots,
-        __litellm_class_priorities={"m": INTERACTIVE, "m-batch": BATCH},
+    return load_callback(
+        "labctl_admission", tmp_path, monkeypatch, {"fastapi": {"HTTPException": _HTTPException}},
+        __litellm_admission_slots_per_worker=slots, __litellm_class_priorities={"m": INTERACTIVE, "m-batch": BATCH},
         __litellm_class_floors={str(BATCH): 0.2} if floors is None else floors,
         litellm_admission_queue_timeout=timeout, litellm_admission_retry_after=30, litellm_request_timeout=1800)
-    path = tmp_path / "labctl_admission.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("labctl_admission", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(coro: Any) -> Any:

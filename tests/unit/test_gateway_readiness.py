@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import http.server
-import importlib.util
 import json
 import os
 import socket
@@ -16,16 +15,16 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import pytest
 import yaml
+
+from .callback_loader import load_callback
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm" / "labctl_readiness.py.j2"
@@ -33,33 +32,9 @@ WHEELS = REPO / "build" / "bundles" / "test" / "wheels"
 BIN = Path(sys.executable).parent
 
 
-class _CustomLogger:
-    """Stand-in base class: LiteLLM is not installed in the project's venv (its signature is
-    checked against the bundle's wheel below)."""
-
-    def __init__(self) -> None:
-        pass
-
-
 def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: float = 0.2, timeout: float = 0.5) -> Any:
-    for name in ("litellm", "litellm.integrations"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    custom = types.ModuleType("litellm.integrations.custom_logger")
-    custom.CustomLogger = _CustomLogger  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "litellm.integrations.custom_logger", custom)
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    env.filters["to_json"] = json.dumps
-    env.filters["comment"] = lambda text: "# " + text
-    source = env.from_string(TEMPLATE.read_text()).render(
-        ansible_managed="Ansible managed", litellm_readiness_interval=interval, litellm_readiness_timeout=timeout,
-        __litellm_drain_dir=str(tmp_path / "drain"))
-    path = tmp_path / "labctl_readiness.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("labctl_readiness", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_callback("labctl_readiness", tmp_path, monkeypatch, litellm_readiness_interval=interval,
+                         litellm_readiness_timeout=timeout, __litellm_drain_dir=str(tmp_path / "drain"))
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -5,7 +5,6 @@ real archives is tests/bundle/test_security_updates.py."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys

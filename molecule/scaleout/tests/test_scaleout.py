@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -308,6 +310,65 @@ for url in {down_urls!r}:
     assert _all_up(targets), [(t["labels"], t["health"]) for t in targets if t["health"] != "up"]
 
 
+@contextmanager
+def _watched(prefix: str) -> Iterator[dict]:
+    """Two senders through the gateway (traffic.py, slow pace) and the watcher of every replica's
+    /health and the drain markers (watch.py), on the gateway host, for the block; the dict gets
+    "requests" and "samples" at the end."""
+    stop, traffic, watch = f"/tmp/{prefix}.stop", f"/tmp/{prefix}-traffic.json", f"/tmp/{prefix}-watch.json"
+    for name in ("traffic.py", "watch.py"):
+        subprocess.run(["docker", "cp", str(HERE / name), f"{GW}:/tmp/{name}"], check=True)
+    _docker("exec", GW, "rm", "-f", stop, traffic, watch)
+    _docker("exec", GW, "touch", stop + ".slow")
+    _docker("exec", "-d", GW, "python3", "/tmp/watch.py", "/run/labctl/drain", stop, watch, *REPLICAS.values())
+    _docker("exec", "-d", GW, "python3", "/tmp/traffic.py", ENV_FILE, PUBLIC, stop, traffic, "2")
+    time.sleep(10)
+    seen: dict = {}
+    try:
+        yield seen
+    finally:
+        time.sleep(5)
+        _docker("exec", GW, "touch", stop)
+        for _ in range(330):
+            if all(subprocess.run(["docker", "exec", GW, "test", "-f", f], check=False).returncode == 0
+                   for f in (traffic, watch)):
+                break
+            time.sleep(1)
+        seen["requests"] = json.loads(_docker("exec", GW, "cat", traffic))
+        seen["samples"] = json.loads(_docker("exec", GW, "cat", watch))
+
+
+def _host_windows(samples: list[dict]) -> dict[str, dict]:
+    """Per GPU host, from the watcher's samples: when its replicas were down ("away"), when both
+    were marked drained ("marked"), down but not marked ("unmarked_while_down"); and the samples
+    with both hosts down ("both_down", under every host)."""
+    names = {(h, i): f"{PUBLIC}-{h}-{i}" for h in GPU_HOSTS for i in (0, 1)}
+
+    def down(sample: dict, host: str) -> bool:
+        return not all(sample["up"][REPLICAS[(host, i)]] for i in (0, 1))
+
+    def marked(sample: dict, host: str) -> bool:
+        return {names[(host, 0)], names[(host, 1)]} <= set(sample["markers"])
+
+    both = [s["t"] for s in samples if all(down(s, h) for h in GPU_HOSTS)]
+    return {h: {"away": [s["t"] for s in samples if down(s, h)],
+                "marked": [s["t"] for s in samples if marked(s, h)],
+                "unmarked_while_down": [s["t"] for s in samples if down(s, h) and not marked(s, h)],
+                "both_down": both} for h in GPU_HOSTS}
+
+
+def _assert_one_host_at_a_time_each_drained_first(windows: dict[str, dict], samples: list[dict]) -> None:
+    first, second = GPU_HOSTS
+    away = {h: windows[h]["away"] for h in GPU_HOSTS}
+    assert away[first] and away[second], away
+    assert away[first][-1] < away[second][0], (away[first][-1], away[second][0])
+    assert windows[first]["both_down"] == [], windows[first]["both_down"][:5]
+    for h in GPU_HOSTS:
+        assert windows[h]["marked"] and windows[h]["marked"][0] < away[h][0], h
+        assert windows[h]["unmarked_while_down"] == [], (h, windows[h]["unmarked_while_down"][:5])
+    assert samples[-1]["markers"] == [], samples[-1]
+
+
 def _boot(name: str) -> str:
     """PID 1's start time: a container's boot (the kernel's boot id is the machine's)."""
     return _docker("exec", name, "cut", "-d", " ", "-f22", "/proc/1/stat").strip()
@@ -326,51 +387,26 @@ def test_gpu_hosts_reboot_into_a_new_driver_one_at_a_time_each_drained_first():
     Allowed: nothing fails. Senders pace one request per 5 s each, as in the host-down test: the
     hosts share this machine's two cores with the serving replicas' busy-polling workers."""
     newer = "580.105.08-1"
-    names = {(h, i): f"{PUBLIC}-{h}-{i}" for h in GPU_HOSTS for i in (0, 1)}
     boots = {h: _boot(h) for h in GPU_HOSTS}
-    for name in ("traffic.py", "watch.py"):
-        subprocess.run(["docker", "cp", str(HERE / name), f"{GW}:/tmp/{name}"], check=True)
-    _docker("exec", GW, "rm", "-f", "/tmp/reboot.stop", "/tmp/reboot-traffic.json", "/tmp/reboot-watch.json")
-    _docker("exec", GW, "touch", "/tmp/reboot.stop.slow")
-    _docker("exec", "-d", GW, "python3", "/tmp/watch.py", "/run/labctl/drain", "/tmp/reboot.stop",
-            "/tmp/reboot-watch.json", *REPLICAS.values())
-    _docker("exec", "-d", GW, "python3", "/tmp/traffic.py", ENV_FILE, PUBLIC, "/tmp/reboot.stop",
-            "/tmp/reboot-traffic.json", "2")
-    time.sleep(10)
-    started = time.time()
     cmd = ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(REPO / "playbooks" / "gpu.yml"),
            "-e", "nvidia_driver_kernel_module_managed=true", "-e", "nvidia_driver_install_kernel_headers=false",
            "-e", f"nvidia_driver_version={newer}", "-e", "nvidia_driver_reboot_allowed=true"]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=2400, check=False, cwd=REPO)
-    took = time.time() - started
-    time.sleep(5)
-    _docker("exec", GW, "touch", "/tmp/reboot.stop")
-    for _ in range(330):
-        done = [subprocess.run(["docker", "exec", GW, "test", "-f", f"/tmp/{f}"], check=False).returncode == 0
-                for f in ("reboot-traffic.json", "reboot-watch.json")]
-        if all(done):
-            break
-        time.sleep(1)
-    requests = json.loads(_docker("exec", GW, "cat", "/tmp/reboot-traffic.json"))
-    samples = json.loads(_docker("exec", GW, "cat", "/tmp/reboot-watch.json"))
+    with _watched("reboot") as seen:
+        started = time.time()
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=2400, check=False, cwd=REPO)
+        took = time.time() - started
+    requests, samples = seen["requests"], seen["samples"]
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-
-    def down(sample: dict, host: str) -> bool:
-        return not all(sample["up"][REPLICAS[(host, i)]] for i in (0, 1))
-
-    away = {h: [s["t"] for s in samples if down(s, h)] for h in GPU_HOSTS}
-    marked = {h: [s["t"] for s in samples if {names[(h, 0)], names[(h, 1)]} <= set(s["markers"])] for h in GPU_HOSTS}
-    unmarked_while_down = {h: [s["t"] for s in samples if down(s, h)
-                               and not {names[(h, 0)], names[(h, 1)]} <= set(s["markers"])] for h in GPU_HOSTS}
-    both_down = [s["t"] for s in samples if all(down(s, h) for h in GPU_HOSTS)]
+    windows = _host_windows(samples)
+    away = {h: windows[h]["away"] for h in GPU_HOSTS}
     failed = [r for r in requests if r["outcome"] != "ok"]
     first, second = GPU_HOSTS
     _report(serial_reboot={
         "playbook_s": round(took, 1), "requests": len(requests), "failed": len(failed),
         "samples": len(samples),
         "away_s": {h: round(away[h][-1] - away[h][0], 1) if away[h] else None for h in GPU_HOSTS},
-        "marked_before_down_s": {h: round(away[h][0] - marked[h][0], 1) if away[h] and marked[h] else None
-                                 for h in GPU_HOSTS},
+        "marked_before_down_s": {h: round(away[h][0] - windows[h]["marked"][0], 1)
+                                 if away[h] and windows[h]["marked"] else None for h in GPU_HOSTS},
         "gap_between_hosts_s": round(away[second][0] - away[first][-1], 1) if away[first] and away[second] else None,
         "failures": [r["outcome"] for r in failed][:5],
     })
@@ -381,14 +417,8 @@ def test_gpu_hosts_reboot_into_a_new_driver_one_at_a_time_each_drained_first():
         assert subprocess.run(["docker", "exec", h, "test", "-e", "/run/labctl/nvidia-driver-reboot-required"],
                               check=False).returncode == 1
     assert run.stdout.count("driver 580.105.08 on every GPU") == 2, run.stdout[-4000:]
-    assert away[first] and away[second], away
-    assert away[first][-1] < away[second][0], (away[first][-1], away[second][0])
-    assert both_down == [], both_down[:5]
     # Each host left the rotation before its replicas went down and came back only serving.
-    for h in GPU_HOSTS:
-        assert marked[h] and marked[h][0] < away[h][0], h
-        assert unmarked_while_down[h] == [], (h, unmarked_while_down[h][:5])
-    assert samples[-1]["markers"] == [], samples[-1]
+    _assert_one_host_at_a_time_each_drained_first(windows, samples)
     # Requests kept succeeding throughout.
     assert len(requests) >= 20, len(requests)
     assert failed == [], failed[:5]
@@ -452,40 +482,14 @@ def test_security_updates_patch_one_host_at_a_time_each_drained_first(tmp_path: 
     held = {h: _dpkg_version(h, "nvidia-driver-cuda") for h in GPU_HOSTS}
     boots = {h: _boot(h) for h in [GW, *GPU_HOSTS]}
     _docker("exec", GPU_HOSTS[1], "touch", "/run/reboot-required")
-
-    for name in ("traffic.py", "watch.py"):
-        subprocess.run(["docker", "cp", str(HERE / name), f"{GW}:/tmp/{name}"], check=True)
-    _docker("exec", GW, "rm", "-f", "/tmp/patch.stop", "/tmp/patch-traffic.json", "/tmp/patch-watch.json")
-    _docker("exec", GW, "touch", "/tmp/patch.stop.slow")
-    _docker("exec", "-d", GW, "python3", "/tmp/watch.py", "/run/labctl/drain", "/tmp/patch.stop",
-            "/tmp/patch-watch.json", *REPLICAS.values())
-    _docker("exec", "-d", GW, "python3", "/tmp/traffic.py", ENV_FILE, PUBLIC, "/tmp/patch.stop",
-            "/tmp/patch-traffic.json", "2")
-    time.sleep(10)
-    started = time.time()
-    run, reports, summary = _patch(bundle, tmp_path / "state")
-    took = time.time() - started
-    time.sleep(5)
-    _docker("exec", GW, "touch", "/tmp/patch.stop")
-    for _ in range(330):
-        if all(subprocess.run(["docker", "exec", GW, "test", "-f", f"/tmp/{f}"], check=False).returncode == 0
-               for f in ("patch-traffic.json", "patch-watch.json")):
-            break
-        time.sleep(1)
-    requests = json.loads(_docker("exec", GW, "cat", "/tmp/patch-traffic.json"))
-    samples = json.loads(_docker("exec", GW, "cat", "/tmp/patch-watch.json"))
+    with _watched("patch") as seen:
+        started = time.time()
+        run, reports, summary = _patch(bundle, tmp_path / "state")
+        took = time.time() - started
+    requests, samples = seen["requests"], seen["samples"]
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-
-    names = {(h, i): f"{PUBLIC}-{h}-{i}" for h in GPU_HOSTS for i in (0, 1)}
-
-    def down(sample: dict, host: str) -> bool:
-        return not all(sample["up"][REPLICAS[(host, i)]] for i in (0, 1))
-
-    away = {h: [s["t"] for s in samples if down(s, h)] for h in GPU_HOSTS}
-    marked = {h: [s["t"] for s in samples if {names[(h, 0)], names[(h, 1)]} <= set(s["markers"])] for h in GPU_HOSTS}
-    unmarked_while_down = {h: [s["t"] for s in samples if down(s, h)
-                               and not {names[(h, 0)], names[(h, 1)]} <= set(s["markers"])] for h in GPU_HOSTS}
-    both_down = [s["t"] for s in samples if all(down(s, h) for h in GPU_HOSTS)]
+    windows = _host_windows(samples)
+    away = {h: windows[h]["away"] for h in GPU_HOSTS}
     first, second = GPU_HOSTS
     gpu_phase_end = away[second][-1] if away[second] else started
     failed = [r for r in requests if r["outcome"] != "ok"]
@@ -518,13 +522,7 @@ def test_security_updates_patch_one_host_at_a_time_each_drained_first(tmp_path: 
     assert by_host[GW]["restarted"], by_host[GW]
     assert not any(s.startswith("vllm@") for r in reports for s in r["restarted"])
     # One GPU host at a time, each out of the rotation before its replicas went down.
-    assert away[first] and away[second], away
-    assert away[first][-1] < away[second][0], (away[first][-1], away[second][0])
-    assert both_down == [], both_down[:5]
-    for h in GPU_HOSTS:
-        assert marked[h] and marked[h][0] < away[h][0], h
-        assert unmarked_while_down[h] == [], (h, unmarked_while_down[h][:5])
-    assert samples[-1]["markers"] == [], samples[-1]
+    _assert_one_host_at_a_time_each_drained_first(windows, samples)
     assert len(requests) >= 20, len(requests)
     assert failed_gpu_phase == [], failed_gpu_phase[:5]
 

@@ -1,0 +1,50 @@
+"""Render one of the litellm role's callback templates (roles/litellm/templates/etc/labctl/litellm/
+*.py.j2) and import it with LiteLLM stood in for: the project's venv has no LiteLLM (the hooks'
+names and parameters are checked against the bundle's wheel in the tests that use this)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm"
+
+
+class CustomLogger:
+    """Stand-in for litellm.integrations.custom_logger.CustomLogger."""
+
+    def __init__(self) -> None:
+        pass
+
+
+def load_callback(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                  modules: dict[str, dict[str, Any]] | None = None, **variables: Any) -> Any:
+    """Render TEMPLATES/<name>.py.j2 with ``variables`` and import it; ``modules`` adds stand-in
+    modules (name -> attributes) next to litellm's."""
+    for module_name in ("litellm", "litellm.integrations"):
+        monkeypatch.setitem(sys.modules, module_name, types.ModuleType(module_name))
+    stand_ins = {"litellm.integrations.custom_logger": {"CustomLogger": CustomLogger}, **(modules or {})}
+    for module_name, attributes in stand_ins.items():
+        module = types.ModuleType(module_name)
+        for attribute, value in attributes.items():
+            setattr(module, attribute, value)
+        monkeypatch.setitem(sys.modules, module_name, module)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["to_json"] = json.dumps
+    env.filters["comment"] = lambda text: "# " + text
+    source = env.from_string((TEMPLATES / f"{name}.py.j2").read_text()).render(ansible_managed="Ansible managed",
+                                                                               **variables)
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
