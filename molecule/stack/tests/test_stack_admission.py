@@ -13,7 +13,7 @@ REPORT = REPO / "build" / "reports" / "stack.json"
 ENV_FILE = "/etc/labctl/litellm/litellm.env"
 PUBLIC = "tiny-llama"
 FLOOD = 240  # more than LiteLLM's own first-come admission held before the gate (2 workers x 80)
-FLOOD_TOKENS = 48
+FLOOD_TOKENS = 480  # the tiny model: ~0.1 s for 48 tokens alone; the flood must outlast the test (max_model_len 512)
 
 SCRIPT = """
 import json, sys, threading, time, urllib.error, urllib.request
@@ -40,7 +40,7 @@ chat("idle-interactive", public, 8)  # the same request on an idle gateway: the 
 threads = [threading.Thread(target=chat, args=("flood-%d" % i, public + "-batch", flood_tokens)) for i in range(flood)]
 for t in threads:
     t.start()
-time.sleep(5)  # the flood is admitted up to the gate's slots; the rest waits at the gate
+time.sleep(3)  # the flood is admitted up to the gate's slots; the rest waits at the gate
 late = [threading.Thread(target=chat, args=("interactive", public, 8)),
         threading.Thread(target=chat, args=("batch-latecomer", public + "-batch", 8))]
 for t in late:
