@@ -34,12 +34,13 @@ class _HTTPException(Exception):
 
 
 def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slots: int = 4, timeout: float = 900,
-          floors: dict[str, float] | None = None) -> Any:
+          floors: dict[str, float] | None = None, reserve: float = 0.0) -> Any:
     return load_callback(
         "labctl_admission", tmp_path, monkeypatch, {"fastapi": {"HTTPException": _HTTPException}},
         __litellm_admission_slots_per_worker=slots, __litellm_class_priorities={"m": INTERACTIVE, "m-batch": BATCH},
         __litellm_class_floors={str(BATCH): 0.2} if floors is None else floors,
-        litellm_admission_queue_timeout=timeout, litellm_admission_retry_after=30, litellm_request_timeout=1800)
+        litellm_admission_queue_timeout=timeout, litellm_admission_retry_after=30, litellm_request_timeout=1800,
+        litellm_admission_reserve=reserve)
 
 
 def _run(coro: Any) -> Any:
@@ -120,6 +121,29 @@ def test_batch_keeps_its_floor_while_it_waits(tmp_path: Path, monkeypatch: pytes
 
     shares = _run(scenario())
     assert shares[:2] == [1, 2] and max(shares) == 2 and shares[-1] == 2, shares
+
+
+def test_the_reserve_stays_free_for_the_urgent_class(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """10 slots, 20 % reserve, 20 % batch floor: batch fills 8 slots and waits; an interactive
+    request arriving then starts at once in the reserve; batch below its floor still gets in."""
+    module = _load(tmp_path, monkeypatch, reserve=0.2)
+
+    async def scenario() -> tuple[int, int, bool, int]:
+        gate = module.Gate(10, {BATCH: 0.2}, 900, 0.2, INTERACTIVE)
+        admitted: list[str] = []
+        tasks = await _queue(gate, [f"b{n}" for n in range(12)], admitted)
+        batch_in, batch_waiting = len(admitted), gate.queued(BATCH)
+        await asyncio.wait_for(gate.acquire(INTERACTIVE), 0.1)  # no wait: the reserve
+        await asyncio.wait_for(gate.acquire(INTERACTIVE), 0.1)
+        third = asyncio.create_task(gate.acquire(INTERACTIVE))  # all 10 taken: it waits
+        await asyncio.sleep(0.01)
+        third_waits = not third.done()
+        for task in [*tasks, third]:
+            task.cancel()
+        await asyncio.gather(*tasks, third, return_exceptions=True)
+        return batch_in, batch_waiting, third_waits, gate.reserve
+
+    assert _run(scenario()) == (8, 4, True, 2)
 
 
 def test_timeout_and_cancellation_leave_the_queue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
