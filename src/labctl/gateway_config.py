@@ -7,20 +7,16 @@ the control node through ansible-runner), so this module holds no copy of the te
 from __future__ import annotations
 
 import re
-import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-import ansible_runner  # type: ignore[import-untyped]
 import typer
 
+from labctl.ansible_run import run_playbook
 from labctl.paths import repo_root
 from labctl.runs.exitcodes import Exit
-from labctl.runs.playbook import ansible_path
 
 PLAYBOOK = "playbooks/gateway-config.yml"
-RENDER_TASK = "Print the proxy configuration"
-ADMISSION_TASK = "Print the priority admission callback"
 MASK = "********"
 # Keys whose literal values are secrets. The role's config refers to them as os.environ/NAME
 # (the secrets live in litellm.env), so masking only matters for a config that inlines one.
@@ -44,38 +40,15 @@ def mask_secrets(text: str) -> str:
 
 def render(inventory: Path, admission: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """Run the playbook; returns the config per gateway host and the failure messages (and fills
-    ``admission`` with each host's labctl_admission.py when given)."""
-    configs: dict[str, str] = {}
-    failures: list[str] = []
-
-    def handler(event: dict[str, Any]) -> bool:
-        data = event.get("event_data") or {}
-        host = str(data.get("host") or "")
-        raw = data.get("res")
-        res: dict[str, Any] = raw if isinstance(raw, dict) else {}
-        if event.get("event") == "runner_on_ok" and str(data.get("task", "")).endswith(RENDER_TASK):
-            configs[host] = str(res.get("msg", ""))
-        elif event.get("event") == "runner_on_ok" and str(data.get("task", "")).endswith(ADMISSION_TASK):
-            if admission is not None:
-                admission[host] = str(res.get("msg", ""))
-        elif event.get("event") in ("runner_on_failed", "runner_on_unreachable"):
-            failures.append(f"{host}: {data.get('task')}: {res.get('msg', res)}")
-        return True
-
-    with tempfile.TemporaryDirectory(prefix="labctl-gateway-config-") as private:
-        result = ansible_runner.run(
-            private_data_dir=private,
-            project_dir=str(repo_root()),
-            playbook=str(repo_root() / PLAYBOOK),
-            inventory=str(inventory.resolve()),
-            event_handler=handler,
-            quiet=True,
-            envvars={"ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1", "PATH": ansible_path()},
-        )
-        if result.status != "successful" and not failures:
-            outputs = sorted(Path(private).glob("artifacts/*/stdout"))
-            tail = outputs[-1].read_text(errors="replace").strip().splitlines()[-10:] if outputs else []
-            failures.append("ansible-playbook failed: " + " / ".join(tail))
+    ``admission`` with each host's labctl_admission.py when given). The role hands both over with
+    set_stats (roles/litellm/tasks/render.yml)."""
+    result = run_playbook(repo_root() / PLAYBOOK, inventory)
+    failures = list(result.failures)
+    if result.status != "successful" and not failures:
+        failures.append("ansible-playbook failed: " + " / ".join(result.output_tail.splitlines()[-10:]))
+    if admission is not None:
+        admission.update({str(h): str(v) for h, v in (result.data.get("labctl_admission") or {}).items()})
+    configs = {str(h): str(v) for h, v in (result.data.get("labctl_gateway_config") or {}).items()}
     return configs, failures
 
 

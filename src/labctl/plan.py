@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from labctl.topology import TopologyError, replica_plan
+
 GIB = 1024**3
 MIB_PER_GIB = 1024
 
@@ -247,9 +249,8 @@ def _settings_warnings(
         )
     if settings.replicas and count < settings.replicas:
         warnings.append(
-            f"vllm_replicas {settings.replicas} x vllm_tensor_parallel_size {tp} needs "
-            f"{settings.replicas * tp} GPUs, the host has {len(gpus)}: only {count} planned "
-            "(preflight refuses this)"
+            f"does not fit: vllm_replicas {settings.replicas} x vllm_tensor_parallel_size {tp} needs "
+            f"{settings.replicas * tp} GPUs, the host has {len(gpus)}: no replica planned"
         )
     elif not settings.replicas and count == 0:
         warnings.append(
@@ -370,11 +371,14 @@ def plan_host(
             raise PlanError(f"GPU {i} ({gpu.name}) has no memory size ({gpu.memory_mib} MiB)")
     gpus = tuple(gpus)
     tp = settings.tensor_parallel_size
-    fit = len(gpus) // tp
-    count = min(settings.replicas, fit) if settings.replicas else fit
+    # The same replicas the topology plans (labctl.topology): more than fit is no replica at all.
+    try:
+        groups = [tuple(int(g) for g in r["gpus"].split(",")) for r in replica_plan(len(gpus), tp, settings.replicas, 0, "", "")]
+    except TopologyError:
+        groups = []
+    count = len(groups)
     replicas = []
-    for i in range(count):
-        group = tuple(range(i * tp, (i + 1) * tp))
+    for i, group in enumerate(groups):
         smallest = min((gpus[g] for g in group), key=lambda g: g.memory_mib)
         mem = gpu_memory(smallest.memory_mib, tp, model, settings.gpu_memory_utilization)
         replicas.append(

@@ -10,10 +10,7 @@ tests/fixtures/nvidia-smi data table), or else from a live ``ansible ... -m gpu_
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
 import textwrap
 from collections import Counter
@@ -22,12 +19,13 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-import yaml
 from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from labctl import topology
+from labctl.ansible_run import InventoryError, list_inventory, run_playbook
 from labctl.paths import repo_root
 from labctl.plan import (
     DEFAULT_REQUEST_TOKENS,
@@ -49,8 +47,6 @@ SETTING_VARS = {
     "tensor_parallel_size": "vllm_tensor_parallel_size",
     "replicas": "vllm_replicas",
 }
-# A role default that only forwards a project variable: "{{ lab_vllm_replicas | default(0) }}".
-_FORWARD = re.compile(r"^\{\{\s*(\w+)\s*\|\s*default\(\s*([^)]*?)\s*\)\s*\}\}$")
 # One host's result in `ansible -m MODULE` output: "gpu01 | SUCCESS => {...}".
 _ADHOC = re.compile(r"^(\S+) \| ([A-Z]+!?)(?: \| rc=\d+)? => ", re.MULTILINE)
 
@@ -60,21 +56,6 @@ class InputError(Exception):
 
 
 # --- inventory ----------------------------------------------------------------------------------
-
-
-def _ansible_tool(name: str) -> str:
-    """The Ansible command next to this Python (the venv), else the one on PATH."""
-    beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if not found:
-        raise InputError(f"{name} not found (install the dev extra: pip install -e '.[dev]')")
-    return found
-
-
-def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
-    # From the repository, so its ansible.cfg (library = library) applies.
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LIBRARY=str(repo_root() / "library"))
-    return subprocess.run(args, cwd=repo_root(), env=env, capture_output=True, text=True, check=False)
 
 
 def _group_hosts(data: dict[str, Any], group: str, seen: set[str] | None = None) -> list[str]:
@@ -90,35 +71,18 @@ def _group_hosts(data: dict[str, Any], group: str, seen: set[str] | None = None)
 
 
 def read_inventory(inventory: Path) -> dict[str, dict[str, Any]]:
-    """Hostvars of every gpu_hosts host, group_vars merged, as the plays in playbooks/ see them
-    (``--playbook-dir playbooks``: run from the repository root, ansible-inventory would also
-    read the root's group_vars/ as playbook vars, above the inventory's own group_vars)."""
+    """Hostvars of every gpu_hosts host, group_vars merged, as the plays in playbooks/ see them."""
     if not inventory.exists():
         raise InputError(f"inventory {inventory}: no such file or directory")
-    result = _run(
-        [_ansible_tool("ansible-inventory"), "-i", str(inventory.absolute()), "--list",
-         "--playbook-dir", str(repo_root() / "playbooks")]
-    )
-    if result.returncode != 0:
-        raise InputError(f"ansible-inventory -i {inventory} failed: {result.stderr.strip()[-800:]}")
     try:
-        data = json.loads(result.stdout)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"ansible-inventory -i {inventory} printed no JSON: {exc}") from exc
+        data = list_inventory(inventory)
+    except InventoryError as exc:
+        raise InputError(str(exc)) from exc
     hosts = _group_hosts(data, GPU_GROUP)
     if not hosts:
         raise InputError(f"inventory {inventory} has no hosts in group {GPU_GROUP}")
     hostvars = data.get("_meta", {}).get("hostvars", {})
     return {host: dict(hostvars.get(host) or {}) for host in hosts}
-
-
-def role_defaults() -> dict[str, Any]:
-    path = repo_root() / "roles" / "vllm" / "defaults" / "main.yml"
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise InputError(f"{path}: {exc}") from exc
-    return dict(data or {})
 
 
 def _literal(host: str, name: str, value: Any, kind: type[int] | type[float], option: str) -> int | float:
@@ -137,24 +101,16 @@ def _literal(host: str, name: str, value: Any, kind: type[int] | type[float], op
     return number
 
 
-def host_setting(
-    host: str, hostvars: dict[str, Any], defaults: dict[str, Any], name: str, kind: type[int] | type[float]
-) -> tuple[int | float, str]:
-    """A role variable's value for ``host`` and where it came from: the inventory, the project
-    variable a role default forwards (lab_vllm_*), or the role default itself."""
+def host_setting(host: str, hostvars: dict[str, Any], name: str, kind: type[int] | type[float]) -> tuple[int | float, str]:
+    """A vLLM setting's value for ``host`` and where it came from, resolved as the topology
+    resolves it (labctl.topology.SETTINGS): the role variable the inventory sets, else the project
+    variable (lab_vllm_*, group_vars/all/project.yml, which every inventory links), else the
+    built-in default."""
     option = "--" + name.removeprefix("vllm_").replace("_", "-")
-    if name in hostvars:
-        return _literal(host, name, hostvars[name], kind, option), "inventory"
-    if name not in defaults:
-        raise InputError(f"roles/vllm/defaults/main.yml has no {name}; give {option}")
-    default = defaults[name]
-    forward = _FORWARD.match(default.strip()) if isinstance(default, str) else None
-    if forward:
-        project, fallback = forward.groups()
-        if project in hostvars:
-            return _literal(host, project, hostvars[project], kind, option), "inventory"
-        return _literal(host, name, yaml.safe_load(fallback), kind, option), "role default"
-    return _literal(host, name, default, kind, option), "role default"
+    key = next(k for k, (role, _, _) in topology.SETTINGS.items() if role == name)
+    value, var = topology.setting(hostvars, key)
+    origin = "inventory" if var in hostvars else "default"
+    return _literal(host, var, value, kind, option), origin
 
 
 # --- GPU facts ----------------------------------------------------------------------------------
@@ -226,20 +182,15 @@ def load_facts(path: Path) -> dict[str | None, list[Gpu]]:
 
 def gather_facts(inventory: Path) -> dict[str | None, list[Gpu]]:
     """Run gpu_facts (library/gpu_facts.py) on every gpu_hosts host over the inventory's own
-    connection settings; become is switched off (nvidia-smi needs no root)."""
-    result = _run(
-        [_ansible_tool("ansible"), "-i", str(inventory.absolute()), GPU_GROUP, "-m", "gpu_facts",
-         "-e", "ansible_become=false"]
-    )
-    if not _ADHOC.search(result.stdout):
-        raise InputError(
-            f"ansible -i {inventory} {GPU_GROUP} -m gpu_facts failed (rc {result.returncode}): "
-            f"{(result.stderr or result.stdout).strip()[-800:]}; give --facts FILE or --gpu NAME:MiB"
-        )
-    try:
-        return parse_adhoc(result.stdout, f"ansible -i {inventory} {GPU_GROUP} -m gpu_facts")
-    except InputError as exc:
-        raise InputError(f"{exc}; give --facts FILE or --gpu NAME:MiB") from exc
+    connection settings (playbooks/gpu-facts.yml; become off: nvidia-smi needs no root)."""
+    where = f"playbooks/gpu-facts.yml -i {inventory}"
+    result = run_playbook(repo_root() / "playbooks" / "gpu-facts.yml", inventory, args=["-e", "ansible_become=false"])
+    facts = result.data.get("labctl_gpu_facts") or {}
+    if result.status != "successful" or not facts:
+        last = result.output_tail.splitlines()[-1:]
+        why = "; ".join(result.failures) or (last[0] if last else result.status)
+        raise InputError(f"{where} failed: {why}; give --facts FILE or --gpu NAME:MiB")
+    return {str(host): _gpus_of(entry, f"{where} ({host})") for host, entry in facts.items()}
 
 
 def parse_gpu_option(text: str) -> Gpu:
@@ -285,9 +236,7 @@ class Overrides:
     request_tokens: int
 
 
-def plan_for_host(
-    host: str, hostvars: dict[str, Any], defaults: dict[str, Any], gpus: list[Gpu], given: Overrides
-) -> HostReport:
+def plan_for_host(host: str, hostvars: dict[str, Any], gpus: list[Gpu], given: Overrides) -> HostReport:
     values: dict[str, int | float] = {}
     origins: dict[str, str] = {}
     for key, var in SETTING_VARS.items():
@@ -296,7 +245,7 @@ def plan_for_host(
         if option is not None:
             values[key], origins[key] = option, "option"
         else:
-            values[key], origins[key] = host_setting(host, hostvars, defaults, var, kind)
+            values[key], origins[key] = host_setting(host, hostvars, var, kind)
     name = given.model or hostvars.get("lab_model_name") or DEFAULT_MODEL
     if not isinstance(name, str) or "{{" in name:
         raise InputError(f"{host}: lab_model_name is {name!r}; give --model")
@@ -516,14 +465,13 @@ def plan_command(
             gpus_by_host, source = load_facts(facts), str(facts)
         else:
             gpus_by_host, source = gather_facts(inventory), "gpu_facts (live)"
-        defaults = role_defaults()
         reports = []
         for host, hostvars in hosts.items():
             gpus = gpus_by_host.get(host, gpus_by_host.get(None))
             if gpus is None:
                 known = ", ".join(sorted(h for h in gpus_by_host if h)) or "none"
                 raise InputError(f"{source}: no GPU facts for {host} (hosts there: {known})")
-            reports.append(plan_for_host(host, hostvars, defaults, gpus, given))
+            reports.append(plan_for_host(host, hostvars, gpus, given))
     except InputError as exc:
         _fail(str(exc))
     if as_json:

@@ -24,31 +24,12 @@ def test_port_clashes_name_every_user_of_a_port() -> None:
     assert filters.labctl_port_clashes(filters.labctl_replica_ports(8000, 2)) == []
 
 
-def test_replica_plan_one_per_gpu_with_distinct_names() -> None:
-    plan = filters.labctl_replica_plan(2, 1, 0, 8000, "gpt-oss-120b", "gpu01.lab.example")
-    assert [(r["index"], r["port"], r["gpus"], r["served_model_name"], r["url"]) for r in plan] == [
-        (0, 8000, "0", "gpt-oss-120b-gpu01-0", "http://127.0.0.1:8000"),
-        (1, 8001, "1", "gpt-oss-120b-gpu01-1", "http://127.0.0.1:8001"),
-    ]
-
-
-def test_replica_plan_tensor_parallel_groups_and_cpu_split() -> None:
-    plan = filters.labctl_replica_plan(8, 4, 0, 9000, "m", "h", cpus=16, address="fd00::5")
-    assert [(r["gpus"], r["cpus"]) for r in plan] == [("0,1,2,3", "0-7"), ("4,5,6,7", "8-15")]
-    assert plan[1]["url"] == "http://[fd00::5]:9001"
-    single = filters.labctl_replica_plan(2, 1, 2, 8000, "m", "h", cpus=2)
-    assert [r["cpus"] for r in single] == ["0", "1"]
-    assert filters.labctl_replica_plan(0, 1, 0, 8000, "m", "h") == []
-
-
 def test_restart_queue_follows_play_order_and_marks() -> None:
-    hostvars = {
-        "a": {"__vllm_restart": [1], "vllm_endpoints": [{"index": 0, "port": 8000}, {"index": 1, "port": 8001}]},
-        "b": {"vllm_endpoints": [{"index": 0, "port": 8000}]},
-        "c": {"__vllm_restart": [0], "vllm_endpoints": [{"index": 0, "port": 8000}]},
-    }
-    queue = filters.labctl_restart_queue(["c", "b", "a"], hostvars)
-    assert [(q["host"], q["index"]) for q in queue] == [("c", 0), ("a", 1)]
+    replicas = [{"host": "a", "index": 0, "port": 8000}, {"host": "a", "index": 1, "port": 8001},
+                {"host": "b", "index": 0, "port": 8000}, {"host": "c", "index": 0, "port": 8000}]
+    hostvars = {"a": {"vllm_restart_pending": [1]}, "b": {}, "c": {"vllm_restart_pending": [0]}}
+    queue = filters.labctl_restart_queue(replicas, ["c", "b", "a"], hostvars)
+    assert [(q["host"], q["index"], q["port"]) for q in queue] == [("c", 0, 8000), ("a", 1, 8001)]
 
 
 def test_dashboard_defaults_set_the_spend_prices_of_the_shipped_dashboard() -> None:

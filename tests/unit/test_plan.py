@@ -125,10 +125,11 @@ def test_warnings_preemption_short_cache_and_settings() -> None:
     # An 80 GB H100 at the lab's 0.80 keeps 0.7 GiB: less than one 128 K sequence.
     replica = plan_host([Gpu("NVIDIA H100 80GB HBM3", 81559)], MODEL, LAB_SETTINGS).replicas[0]
     assert any("vLLM refuses to start" in w and "vllm_max_model_len" in w for w in replica.warnings)
+    # More replicas than fit: none at all, as the topology (and so the deployed units) plans them.
     plan = plan_host([H200, H200], MODEL, VllmSettings(0.80, 200000, 128, replicas=3))
-    assert len(plan.replicas) == 2
+    assert plan.replicas == ()
     assert any("above gpt-oss-120b's context (131,072)" in w for w in plan.warnings)
-    assert any("vllm_replicas 3" in w and "only 2 planned" in w for w in plan.warnings)
+    assert any(w.startswith("does not fit: vllm_replicas 3") and "no replica planned" in w for w in plan.warnings)
     plan = plan_host([H200, H200], MODEL, VllmSettings(0.80, 128000, 128, tensor_parallel_size=4))
     assert plan.replicas == () and any("no replica" in w for w in plan.warnings)
 
@@ -194,7 +195,7 @@ def test_cli_json_lab_inventory_and_fixture() -> None:
         "gpu_memory_utilization": 0.8, "max_model_len": 128000, "max_num_seqs": 128,
         "tensor_parallel_size": 1, "replicas": 0,
     }
-    assert host["settings_origin"]["max_model_len"] == "role default"
+    assert host["settings_origin"]["max_model_len"] == "inventory"  # lab_vllm_max_model_len (project.yml)
     assert host["settings_origin"]["tensor_parallel_size"] == "inventory"  # lab_vllm_tensor_parallel_size
     assert [r["kv_tokens"] for r in host["replicas"]] == [1_436_580, 1_436_580]
     assert host["replicas"][0]["concurrency"] == 603 and host["warnings"] == []

@@ -15,7 +15,7 @@ assert _SPEC and _SPEC.loader
 bundle = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(bundle)
 
-KNOWN: dict[str, Any] = yaml.safe_load((REPO / "roles" / "tiktoken_cache" / "vars" / "main.yml").read_text())["__tiktoken_cache_known"]
+KNOWN: dict[str, Any] = yaml.safe_load((REPO / "group_vars" / "all" / "project.yml").read_text())["lab_tiktoken_files"]
 O200K = KNOWN["o200k_base"]["sha256"]
 CL100K = KNOWN["cl100k_base"]["sha256"]
 

@@ -74,10 +74,41 @@ def test_argument_specs_cover_exactly_the_defaults(role: Path) -> None:
     defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text()) or {}
     specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())
     options = specs["argument_specs"]["main"]["options"]
-    assert set(defaults) == set(options), f"{role.name}: defaults and argument_specs differ"
-    for name in defaults:
+    # A variable with no role default is a topology input (src/labctl/topology.py reads it from the
+    # inventory; the role gets the result from lab_topology), and says so.
+    assert set(defaults) <= set(options), f"{role.name}: defaults missing from argument_specs: {set(defaults) - set(options)}"
+    for name in set(options) - set(defaults):
+        assert str(options[name].get("description", "")).startswith("Topology input"), \
+            f"{role.name}: {name} is in argument_specs but has no default (only topology inputs may)"
+    for name in options:
         assert name.startswith(role.name + "_"), f"{name} lacks the role prefix {role.name}_"
         assert options[name].get("description"), f"{name} has no description"
+
+
+# What a role may read of other hosts: hostvars only for its own host (preflight's check of what
+# the inventory gives) and the vllm role's own restart marks across the play.
+_HOSTVARS_ALLOWED = {
+    ("preflight", "hostvars[inventory_hostname]"),
+    ("vllm", "labctl_restart_queue(ansible_play_hosts, hostvars)"),
+}
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_no_role_reads_another_roles_facts(role: Path) -> None:
+    import re
+
+    others = [r.name for r in ROLES if r.name != role.name]
+    for path in sorted(p for p in role.rglob("*") if p.is_file() and p.suffix in (".yml", ".j2")):
+        text = path.read_text()
+        for match in re.finditer(r"hostvars", text):
+            line = text[text.rfind("\n", 0, match.start()) + 1:text.find("\n", match.start())]
+            assert any(r == role.name and allowed in line for r, allowed in _HOSTVARS_ALLOWED), \
+                f"{path.relative_to(REPO)}: reads hostvars: {line.strip()} (take it from lab_topology or a role input)"
+        for other in others:
+            assert not re.search(rf"\b__{other}_\w+", text), f"{path.relative_to(REPO)} reads a private variable of the {other} role"
+        for published in ("vllm_endpoints", "node_exporter_targets"):
+            if not path.is_relative_to(REPO / "roles" / published.split("_")[0]):
+                assert published not in text, f"{path.relative_to(REPO)} reads {published}, another role's fact"
 
 
 @pytest.mark.parametrize("template", sorted((REPO / "roles").glob("*/templates/**/*.j2")), ids=lambda p: p.name)
@@ -115,3 +146,17 @@ def test_files_are_written_through_the_one_call_checks(role: Path) -> None:
             if args is not None:
                 assert isinstance(args, dict) and {"owner", "group", "mode"} <= set(args), \
                     f"{path.relative_to(REPO)}: {task.get('name')}: owner, group and mode are explicit"
+
+
+def test_one_way_from_python_to_ansible() -> None:
+    """Only labctl.ansible_run runs Ansible (ansible-runner, ansible-playbook, ansible-inventory),
+    and results come back as set_stats data, never found by a task's name."""
+    import re
+
+    for path in sorted((REPO / "src" / "labctl").rglob("*.py")):
+        text = path.read_text()
+        if path.name == "ansible_run.py":
+            continue
+        assert "import ansible_runner" not in text, f"{path.relative_to(REPO)}: run Ansible through labctl.ansible_run"
+        assert not re.search(r"""["']ansible(-playbook|-inventory)?["']\s*,""", text), f"{path.relative_to(REPO)} runs an Ansible command"
+        assert not re.search(r"""get\(["']task["'][^)]*\)\)?\s*(==|\.endswith)""", text), f"{path.relative_to(REPO)} finds a result by task name"

@@ -59,6 +59,9 @@ def lab(tmp_path: Path) -> dict[str, Path]:
       ansible.builtin.fail:
         msg: the test asked this task to fail
       when: should_fail | bool
+    - name: Show what was given
+      ansible.builtin.debug:
+        msg: "GIVEN[{{{{ greeting | default('') }}}}][{{{{ vaulted | default('') }}}}]"
 """)
     return {"inventory": inventory, "playbook": playbook, "target": target, "textfiles": textfiles,
             "state": tmp_path / "state"}
@@ -244,3 +247,29 @@ def test_old_records_are_pruned(tmp_path: Path) -> None:
     fresh, _ = store.create("drift", ["labctl"], tmp_path, True)
     assert store.prune() == [record.id]
     assert [r.id for r in store.latest(10)] == [fresh.id]
+
+
+def test_extra_vars_vault_files_and_verbosity_reach_ansible_as_given(lab: dict[str, Path], tmp_path: Path) -> None:
+    """-e with a quoted value and a vault-encrypted @file, --vault-password-file and -v, as
+    ansible-playbook takes them (labctl used to split key=value on spaces and read @file as YAML)."""
+    password = tmp_path / "vault-pass"
+    password.write_text("unit-test-vault-password\n")
+    vars_file = tmp_path / "secret-vars.yml"
+    vars_file.write_text("vaulted: from the vault\n")
+    ansible_vault = str(Path(sys.executable).parent / "ansible-vault")
+    subprocess.run([ansible_vault, "encrypt", "--vault-password-file", str(password), str(vars_file)], check=True,
+                   capture_output=True)
+    assert vars_file.read_text().startswith("$ANSIBLE_VAULT;")
+    run = labctl(lab, "provision", "--json", "-e", "greeting='hello lab'", "-e", f"@{vars_file}",
+                 "--vault-password-file", str(password), "-vv")
+    assert run.returncode == Exit.OK, run.stdout + run.stderr
+    (record,) = records(lab)
+    runner = lab["state"] / "runs" / record.id / "runner"
+    assert "GIVEN[hello lab][from the vault]" in next(runner.rglob("stdout")).read_text()
+    command = json.loads(next(runner.rglob("command")).read_text())["command"]
+    assert "-vv" in command and "--vault-password-file" in command
+    # Without the password the encrypted file is refused by ansible-playbook, before any task.
+    refused = labctl(lab, "provision", "-e", f"@{vars_file}")
+    assert refused.returncode == Exit.FAILED and "vault" in (refused.stdout + refused.stderr).lower()
+    missing = labctl(lab, "provision", "-e", f"@{tmp_path / 'nope.yml'}")
+    assert missing.returncode == Exit.USAGE and "nope.yml: no such file" in missing.stderr

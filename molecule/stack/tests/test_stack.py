@@ -130,6 +130,28 @@ def test_both_replicas_serve_under_distinct_names(host):
         assert status == 200 and names == [f"{PUBLIC}-labctl-stack-{index}", PUBLIC]
 
 
+def test_deployed_pieces_agree_with_the_topology(host):
+    """The units, their flags, the gateway's deployments and Prometheus's targets on the host, and
+    labctl gateway-config on the control node: one topology (playbooks/topology.yml), one answer."""
+    import yaml
+
+    units = sorted(int(u.split("@")[1].split(".")[0]) for u in host.check_output(
+        "systemctl list-units --all --plain --no-legend 'vllm@*.service' | awk '{print $1}'").split())
+    flags = {i: yaml.safe_load(host.file(f"/etc/labctl/vllm/replica-{i}.yaml").content_string) for i in units}
+    ports = sorted(f["port"] for f in flags.values())
+    config = yaml.safe_load(host.file("/etc/labctl/litellm/config.yaml").content_string)
+    upstreams = sorted({int(d["litellm_params"]["api_base"].rsplit(":", 1)[1].split("/")[0]) for d in config["model_list"]})
+    prometheus = host.file("/etc/prometheus/prometheus.yml").content_string
+    scraped = sorted(int(m) for m in re.findall(r'"127\.0\.0\.1:(\d+)"\]\n\s+labels: \{host: "[^"]+", replica:', prometheus))
+    assert units == [0, 1] and ports == upstreams == scraped == [8000, 8001], (units, ports, upstreams, scraped)
+    rendered = subprocess.run([str(REPO / ".venv" / "bin" / "labctl"), "gateway-config", "-i", os.environ["MOLECULE_INVENTORY_FILE"]],
+                              capture_output=True, text=True, check=False, cwd=REPO)
+    assert rendered.returncode == 0, rendered.stderr
+    planned = yaml.safe_load(rendered.stdout)
+    assert sorted(d["litellm_params"]["api_base"] for d in planned["model_list"]) == \
+        sorted(d["litellm_params"]["api_base"] for d in config["model_list"])
+
+
 def test_twenty_requests_through_the_gateway_reach_both_replicas(host):
     before = {i: _successes(host, i) for i in REPLICAS}
     for n in range(20):

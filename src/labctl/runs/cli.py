@@ -16,6 +16,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from labctl.ansible_run import stats_data
 from labctl.paths import repo_root
 from labctl.runs.exitcodes import Exit
 from labctl.runs.playbook import RunRequest, execute, print_summary
@@ -29,7 +30,11 @@ Inventory = Annotated[Path, typer.Option("--inventory", "-i", help="Inventory di
 Limit = Annotated[str | None, typer.Option("--limit", "-l", help="ansible-playbook --limit.")]
 Tags = Annotated[str | None, typer.Option("--tags", "-t", help="ansible-playbook --tags.")]
 ExtraVars = Annotated[list[str] | None, typer.Option("--extra-vars", "-e",
-                                                     help="key=value, JSON or @file, like ansible-playbook -e (repeatable).")]
+                                                     help="Passed to ansible-playbook -e as given: key=value (quoted values "
+                                                          "included), JSON/YAML, or @file (vault-encrypted too) (repeatable).")]
+VaultFile = Annotated[list[Path] | None, typer.Option("--vault-password-file", help="ansible-playbook --vault-password-file "
+                                                                                  "(repeatable; for vault-encrypted @files and vars).")]
+Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="ansible-playbook -v (repeat for more, up to -vvvv).")]
 JsonOut = Annotated[bool, typer.Option("--json", help="JSON lines on stdout instead of a display.")]
 Playbook = Annotated[Path, typer.Option("--playbook", help="Playbook to run, relative to the repository (default site.yml).")]
 KeepDays = Annotated[float, typer.Option("--keep-days", help="Delete run records older than this.")]
@@ -44,36 +49,35 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(int(Exit.USAGE))
 
 
-def parse_extra_vars(items: list[str]) -> dict[str, Any]:
-    """ansible-playbook -e forms: key=value (several per item), a JSON/YAML mapping, @file."""
-    merged: dict[str, Any] = {}
+def extra_vars_args(items: list[str]) -> list[str]:
+    """ansible-playbook's -e arguments, each item as given: ansible-playbook itself parses key=value
+    (with its quoting), JSON/YAML and @file (decrypting a vault file with --vault-password-file).
+    Only what labctl can check without changing meaning is checked here: an @file must exist."""
+    args: list[str] = []
     for item in items:
         text = item.strip()
-        if text.startswith("@"):
-            path = Path(text[1:]).expanduser()
-            if not path.is_file():
-                raise _fail(f"--extra-vars {item}: no such file")
-            value = yaml.safe_load(path.read_text(encoding="utf-8"))
-            if not isinstance(value, dict):
-                raise _fail(f"--extra-vars {item}: the file must hold a mapping")
-            merged.update(value)
-        elif text.startswith("{"):
-            try:
-                value = yaml.safe_load(text)
-            except yaml.YAMLError as exc:
-                raise _fail(f"--extra-vars {item}: {exc}") from exc
-            merged.update(value)
-        else:
-            for pair in text.split():
-                key, sep, value = pair.partition("=")
-                if not sep or not key:
-                    raise _fail(f"--extra-vars {pair!r}: expected key=value, a JSON mapping or @file")
-                merged[key] = value
-    return merged
+        if not text:
+            raise _fail("--extra-vars: an empty value")
+        if text.startswith("@") and not Path(text[1:]).expanduser().is_file():
+            raise _fail(f"--extra-vars {item}: no such file")
+        args += ["-e", item]
+    return args
+
+
+def _pass_through(extra_vars: list[str] | None, vault_password_files: list[Path] | None, verbose: int) -> list[str]:
+    args = extra_vars_args(extra_vars or [])
+    for path in vault_password_files or []:
+        if not path.expanduser().exists():
+            raise _fail(f"--vault-password-file {path}: no such file")
+        args += ["--vault-password-file", str(path.expanduser().resolve())]
+    if verbose:
+        args.append("-" + "v" * min(verbose, 4))
+    return args
 
 
 def _request(command: str, inventory: Path, playbook: Path, limit: str | None, tags: str | None, check: bool,
-             diff: bool, extra_vars: list[str] | None, json_output: bool, keep_days: float) -> RunRequest:
+             diff: bool, extra_vars: list[str] | None, json_output: bool, keep_days: float,
+             vault_password_files: list[Path] | None = None, verbose: int = 0) -> RunRequest:
     if not inventory.exists():
         raise _fail(f"--inventory {inventory}: no such file or directory")
     path = playbook if playbook.is_absolute() else repo_root() / playbook
@@ -81,7 +85,8 @@ def _request(command: str, inventory: Path, playbook: Path, limit: str | None, t
         raise _fail(f"--playbook {playbook}: no such playbook in {repo_root()}")
     return RunRequest(command=command, playbook=path, inventory=inventory, state_dir=state_dir(),
                       argv=["labctl", *sys.argv[1:]], limit=limit, tags=tags, check=check, diff=diff,
-                      extra_vars=parse_extra_vars(extra_vars or []), json_output=json_output, keep_days=keep_days)
+                      passthrough=_pass_through(extra_vars, vault_password_files, verbose), json_output=json_output,
+                      keep_days=keep_days)
 
 
 def _execute_and_exit(request: RunRequest) -> None:
@@ -98,12 +103,14 @@ def provision(
     check: Annotated[bool, typer.Option("--check", help="ansible-playbook --check.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="ansible-playbook --diff.")] = False,
     extra_vars: ExtraVars = None,
+    vault_password_file: VaultFile = None,
+    verbose: Verbose = 0,
     json_output: JsonOut = False,
     playbook: Playbook = Path("site.yml"),
     keep_days: KeepDays = 30,
 ) -> None:
     """Run site.yml against an inventory: locked, recorded, exit code per outcome."""
-    request = _request("provision", inventory, playbook, limit, tags, check, diff, extra_vars, json_output, keep_days)
+    request = _request("provision", inventory, playbook, limit, tags, check, diff, extra_vars, json_output, keep_days, vault_password_file, verbose)
     _execute_and_exit(request)
 
 
@@ -112,13 +119,15 @@ def drift(
     limit: Limit = None,
     tags: Tags = None,
     extra_vars: ExtraVars = None,
+    vault_password_file: VaultFile = None,
+    verbose: Verbose = 0,
     json_output: JsonOut = False,
     playbook: Playbook = Path("site.yml"),
     keep_days: KeepDays = 30,
 ) -> None:
     """Check mode with diff over the site: list each task that would change, per host. Changes
     nothing on the hosts but its own record (labctl_drift.prom). Exit 0: no drift; 5: drift."""
-    request = _request("drift", inventory, playbook, limit, tags, True, True, extra_vars, json_output, keep_days)
+    request = _request("drift", inventory, playbook, limit, tags, True, True, extra_vars, json_output, keep_days, vault_password_file, verbose)
     _execute_and_exit(request)
 
 
@@ -165,13 +174,15 @@ def rolling_restart(
     replica: Annotated[list[int] | None, typer.Option("--replica", "-r", help="Only this replica index (repeatable).")] = None,
     limit: Limit = None,
     extra_vars: ExtraVars = None,
+    vault_password_file: VaultFile = None,
+    verbose: Verbose = 0,
     json_output: JsonOut = False,
     keep_days: KeepDays = 30,
 ) -> None:
     """Restart vLLM replicas one at a time, each serving again before the next (the planned
     weekly restart against memory fragmentation)."""
     request = _request("rolling-restart", inventory, Path("playbooks/rolling-restart.yml"), limit, None, False, False,
-                       extra_vars, json_output, keep_days)
+                       extra_vars, json_output, keep_days, vault_password_file, verbose)
     request.extra_vars["labctl_restart_replicas"] = list(replica or [])
     _execute_and_exit(request)
 
@@ -180,6 +191,8 @@ def patch(
     inventory: Inventory,
     limit: Limit = None,
     extra_vars: ExtraVars = None,
+    vault_password_file: VaultFile = None,
+    verbose: Verbose = 0,
     json_output: JsonOut = False,
     keep_days: KeepDays = 30,
 ) -> None:
@@ -187,7 +200,7 @@ def patch(
     replicas drained, apt upgrade, reboot only for a new kernel, services on replaced code
     restarted one by one, then the next host. Give the new bundle with -e lab_bundle_src=DIR."""
     request = _request("patch", inventory, Path("playbooks/patch.yml"), limit, None, False, False,
-                       extra_vars, json_output, keep_days)
+                       extra_vars, json_output, keep_days, vault_password_file, verbose)
     _execute_and_exit(request)
 
 
@@ -198,15 +211,12 @@ def execute_quiet(request: RunRequest) -> tuple[int, Any]:
 
 
 def smoke_results(events: Path) -> list[dict[str, Any]]:
-    """The labctl_smoke lists the smoke playbook's "Report the checks" tasks printed, per host."""
-    results = []
+    """The checks the smoke playbook handed over (set_stats labctl_smoke, every host's in one list)."""
     for line in events.read_text(encoding="utf-8").splitlines():
-        event = json.loads(line)
-        data = event.get("event_data") or {}
-        if event.get("event") == "runner_on_ok" and data.get("task") == "Report the checks":
-            for check in (data.get("res") or {}).get("labctl_smoke") or []:
-                results.append({"host": data.get("host", "")} | check)
-    return results
+        data = stats_data(json.loads(line))
+        if data is not None:
+            return [dict(c) for c in data.get("labctl_smoke") or []]
+    return []
 
 
 def smoke(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Protocol
@@ -13,7 +12,7 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from labctl.paths import repo_root
+from labctl.ansible_run import list_tasks
 
 
 class Display(Protocol):
@@ -76,13 +75,8 @@ class PlainDisplay:
 
 def count_tasks(playbook: Path, inventory: Path, extra_args: list[str]) -> list[int]:
     """Tasks per play, from ansible-playbook --list-tasks (for the bars); [] when it fails."""
-    try:
-        out = subprocess.run(["ansible-playbook", "--list-tasks", "-i", str(inventory), str(playbook), *extra_args],
-                             capture_output=True, text=True, timeout=120, cwd=repo_root(), check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
     counts: list[int] = []
-    for line in out.stdout.splitlines():
+    for line in list_tasks(playbook, inventory, extra_args).splitlines():
         if re.match(r"^\s+play #\d+", line):
             counts.append(0)
         elif counts and re.match(r"^\s{6,}\S.*TAGS:", line):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import os
 import signal
 import sys
 import time
@@ -15,9 +14,9 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-import ansible_runner  # type: ignore[import-untyped]
 from rich.console import Console
 
+from labctl.ansible_run import PlaybookResult, run_playbook
 from labctl.paths import repo_root
 from labctl.runs import display as displays
 from labctl.runs import textfile
@@ -39,7 +38,8 @@ class RunRequest:
     tags: str | None = None
     check: bool = False
     diff: bool = False
-    extra_vars: dict[str, Any] = field(default_factory=dict)
+    extra_vars: dict[str, Any] = field(default_factory=dict)  # labctl's own (labctl_restart_replicas)
+    passthrough: list[str] = field(default_factory=list)  # the user's -e, --vault-password-file, -v, as given
     json_output: bool = False
     keep_days: float = 30
     record_hosts: bool = True  # write the textfile on the hosts reached
@@ -54,7 +54,7 @@ class RunRequest:
             args.append("--check")
         if self.diff:
             args.append("--diff")
-        return args
+        return args + self.passthrough
 
 
 def inventory_name(inventory: Path) -> str:
@@ -131,35 +131,9 @@ def _outcome(record: Record, status: str, canceled: bool) -> str:
 
 
 def _run(request: RunRequest, private_dir: Path, playbook: Path, extra_vars: dict[str, Any], args: list[str],
-         handler: Callable[[dict[str, Any]], bool], cancel: Callable[[], bool]) -> Any:
-    private_dir.mkdir(mode=0o700, exist_ok=True)
-    return ansible_runner.run(
-        private_data_dir=str(private_dir),
-        project_dir=str(repo_root()),
-        playbook=str(playbook),
-        inventory=str(request.inventory.resolve()),
-        cmdline=" ".join(shlex.quote(a) for a in args),
-        extravars=extra_vars,
-        event_handler=handler,
-        cancel_callback=cancel,
-        quiet=True,
-        envvars={"ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1", "PATH": ansible_path()},
-    )
-
-
-def ansible_path() -> str:
-    """PATH for ansible-playbook: labctl's own venv (where ansible-core is installed) first."""
-    here = str(Path(sys.executable).parent)
-    rest = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != here]
-    return os.pathsep.join([here, *rest])
-
-
-def _runner_output(private_dir: Path) -> str:
-    """The end of ansible-playbook's own output, for a run that failed without a failed task."""
-    outputs = sorted(private_dir.glob("artifacts/*/stdout"))
-    if not outputs:
-        return ""
-    return "\n".join(outputs[-1].read_text(errors="replace").strip().splitlines()[-15:])
+         handler: Callable[[dict[str, Any]], bool], cancel: Callable[[], bool]) -> PlaybookResult:
+    return run_playbook(playbook, request.inventory, args=args, extravars=extra_vars, private_dir=private_dir,
+                        event_handler=handler, cancel=cancel)
 
 
 def _write_textfiles(request: RunRequest, record: Record, rundir: Path, console: Console) -> None:
@@ -219,7 +193,7 @@ def execute(request: RunRequest) -> tuple[int, Record | None]:
         if record.outcome == "refused":
             record.message = "; ".join(f"{f.host}: {f.message}" for f in record.failures)[:4000]
         elif record.outcome == "failed" and not record.failures:
-            record.message = _runner_output(rundir / "runner")[:4000]
+            record.message = result.output_tail[:4000]
         store.save(record)
         if request.record_hosts and record.outcome != "refused":
             _write_textfiles(request, record, rundir, console)

