@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of model staging (not a test): model_stage vs rsync -a and sha256sum, on one set of files.
+"""Benchmark of model staging (not a test): labctl_model_stage vs rsync -a and sha256sum, on one set of files.
 
 Usage: python3 scripts/bench-artifacts.py   (make bench-artifacts)
 
@@ -9,10 +9,10 @@ when up to date).
 
 On the same synthetic weights (scripts/make-synthetic-weights.py + a SHA256SUMS):
   1. rsync -a into a fresh directory, and rsync -a followed by sync (durable, like the staging);
-  2. model_stage into a fresh model root (run through `ansible localhost -c local -m model_stage`,
+  2. labctl_model_stage into a fresh model root (run through `ansible localhost -c local -m labctl_model_stage`,
      the module as the role runs it; its own duration is reported beside the wall time);
-  3. model_stage again on the staged revision (quick check of the stamp);
-  4. model_stage verify=full on the staged revision vs sha256sum over the same files in parallel
+  3. labctl_model_stage again on the staged revision (quick check of the stamp);
+  4. labctl_model_stage verify=full on the staged revision vs sha256sum over the same files in parallel
      (xargs -P BENCH_WORKERS).
 The sequence runs BENCH_ROUNDS times (interleaved, so a noisy disk hits every kind of run alike) and
 the median of each is reported (all figures in the JSON). The page cache is dropped before each timed
@@ -82,15 +82,16 @@ def source() -> tuple[Path, int]:
 
 
 def module(args: dict[str, Any], tmp: Path) -> tuple[float, dict[str, Any]]:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(tmp / "ansible.cfg"), ANSIBLE_LIBRARY=str(REPO / "library"),
+    env = dict(os.environ, ANSIBLE_CONFIG=str(tmp / "ansible.cfg"), ANSIBLE_LIBRARY=str(REPO / "roles" / "model_weights" / "library"),
+               ANSIBLE_MODULE_UTILS=str(REPO / "roles" / "model_weights" / "module_utils"),
                ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
                ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
                ANSIBLE_PYTHON_INTERPRETER=sys.executable)
-    took, result = timed([str(ANSIBLE), "localhost", "-c", "local", "-m", "model_stage", "-a", json.dumps(args)], env=env)
+    took, result = timed([str(ANSIBLE), "localhost", "-c", "local", "-m", "labctl_model_stage", "-a", json.dumps(args)], env=env)
     data = json.loads(result.stdout[result.stdout.index("{"):])
     res: dict[str, Any] = data["plays"][0]["tasks"][0]["hosts"]["localhost"]
     if res.get("failed"):
-        raise SystemExit(f"bench-artifacts: model_stage failed: {res.get('msg')}")
+        raise SystemExit(f"bench-artifacts: labctl_model_stage failed: {res.get('msg')}")
     return took, res
 
 
@@ -176,11 +177,11 @@ def main() -> None:
             tag = f"round {number}/{ROUNDS}" if record else "warm-up"
             runs.measure("rsync", f"{tag}: rsync -a", rsync(False), record)
             runs.measure("rsync_sync", f"{tag}: rsync -a; sync", rsync(True), record)
-            runs.measure("stage", f"{tag}: model_stage (fresh)", stage, record)
-            runs.measure("rerun", f"{tag}: model_stage (re-run, staged)", rerun, record)
+            runs.measure("stage", f"{tag}: labctl_model_stage (fresh)", stage, record)
+            runs.measure("rerun", f"{tag}: labctl_model_stage (re-run, staged)", rerun, record)
             # Again at once: Ansible's own files are cached now (a cold cache makes `ansible` itself load slowly).
-            runs.measure("rerun_warm", f"{tag}: model_stage (re-run, staged, warm)", rerun, record, drop=False)
-            runs.measure("full_verify", f"{tag}: model_stage verify=full", full, record)
+            runs.measure("rerun_warm", f"{tag}: labctl_model_stage (re-run, staged, warm)", rerun, record, drop=False)
+            runs.measure("full_verify", f"{tag}: labctl_model_stage verify=full", full, record)
             runs.measure("sha256sum", f"{tag}: sha256sum (xargs -P {WORKERS})", sha256sum, record)
         results = {name: runs.median(name) for name in runs.runs}
         if not KEEP:
@@ -218,14 +219,14 @@ def main() -> None:
     print(f"|{'-' * 38}|{'-' * 10}|{'-' * 11}|{'-' * 10}|{'-' * 26}")
     print(row("rsync -a (fresh dir)", results["rsync"]))
     print(row("rsync -a; sync", results["rsync_sync"]))
-    print(row("model_stage, fresh (ends with fsync)", results["stage"],
+    print(row("labctl_model_stage, fresh (ends with fsync)", results["stage"],
               f"{summary['stage_vs_rsync']} vs rsync -a (<= 1.15); {summary['stage_vs_rsync_sync']} vs rsync -a; sync"))
-    print(row("model_stage, re-run on staged", results["rerun"], f"{summary['rerun_seconds']} s wall (<= 3 s)", rate=False))
+    print(row("labctl_model_stage, re-run on staged", results["rerun"], f"{summary['rerun_seconds']} s wall (<= 3 s)", rate=False))
     print(row("  the same, right after (warm cache)", results["rerun_warm"], f"{summary['rerun_warm_seconds']} s wall", rate=False))
-    print(row("model_stage verify=full", results["full_verify"],
+    print(row("labctl_model_stage verify=full", results["full_verify"],
               f"{summary['full_verify_vs_sha256sum']} x sha256sum's throughput (>= 0.8)"))
     print(row(f"sha256sum, xargs -P {WORKERS}", results["sha256sum"]))
-    print(f"\nwall s: the whole command (model_stage through `ansible localhost -c local -m`, ~1-2 s of it Ansible);"
+    print(f"\nwall s: the whole command (labctl_model_stage through `ansible localhost -c local -m`, ~1-2 s of it Ansible);"
           f" module s: the module's own duration.\nJSON: {OUT}")
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Check gpu_facts and the NVIDIA driver against REAL GPUs, on a machine that has no internet.
+# Check labctl_gpu_facts and the NVIDIA driver against REAL GPUs, on a machine that has no internet.
 #
 # The GPU machine (a lent H200 box, say) cannot reach PyPI and has no project venv, so ansible-core
 # travels as wheels:
@@ -15,11 +15,11 @@
 #        scripts/device-check.sh --run DIR OUTDIR [--expect-branch 580] [--expect-gpus N]
 #      installs the wheels into a temporary directory (pip install --no-index --find-links DIR
 #      --target ..., pip itself run from its wheel: Debian/Ubuntu's python3 often has no pip), then
-#      runs `ansible localhost -c local -m gpu_facts` (ANSIBLE_LIBRARY=library),
+#      runs `ansible localhost -c local -m labctl_gpu_facts` (ANSIBLE_LIBRARY=library),
 #      `nvidia-smi --query-gpu=<the module's fields> --format=csv,noheader,nounits`, `nvidia-smi -q`,
 #      `nvidia-smi`, `nvidia-smi -L`, `nvidia-smi --version` and `lspci -d 10de:`, writes their raw
 #      outputs into OUTDIR, and prints PASS/FAIL lines:
-#        - gpu_facts ran and read at least one GPU (and --expect-gpus of them),
+#        - labctl_gpu_facts ran and read at least one GPU (and --expect-gpus of them),
 #        - the module's GPUs are exactly what the parser makes of the raw query output,
 #        - every GPU's driver_version has the same branch (and it is --expect-branch),
 #        - the loaded kernel module is that driver (/proc/driver/nvidia/version; SKIP without it),
@@ -34,7 +34,7 @@
 #   <case>.q.txt       nvidia-smi -q
 #   <case>.lspci.txt   lspci -d 10de:   (empty when lspci is missing)
 #   <case>.table.txt, <case>.list.txt, <case>.version.txt   nvidia-smi, -L, --version
-#   <case>.facts.json  what gpu_facts returned
+#   <case>.facts.json  what labctl_gpu_facts returned
 #   <case>.checks.txt  the PASS/FAIL lines
 #   <case>.pci-sysfs.txt, .devices.txt, .secureboot.txt, .packages.txt, .persistenced-unit.txt
 #                      NVIDIA PCI functions (address class device), /proc/devices + /dev/nvidia*,
@@ -116,10 +116,10 @@ run_checks() {
 
   local smi fields
   smi=$(command -v nvidia-smi || true)
-  # The module's own field list, so the raw query is exactly what gpu_facts asks.
+  # The module's own field list, so the raw query is exactly what labctl_gpu_facts asks.
   fields=$(PYTHONPATH="$site" "$py" -c '
 import importlib.util, sys
-spec = importlib.util.spec_from_file_location("gpu_facts", "library/gpu_facts.py")
+spec = importlib.util.spec_from_file_location("labctl_gpu_facts", "library/labctl_gpu_facts.py")
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 print(",".join(module.QUERY_FIELDS))')
@@ -128,12 +128,12 @@ print(",".join(module.QUERY_FIELDS))')
   raw=$(mktemp -d "$site/raw.XXXXXX")
   tree="$raw/tree"
   printf '[defaults]\n' >"$raw/ansible.cfg"  # not the project's: its callbacks need collections
-  echo "== gpu_facts" >&2
+  echo "== labctl_gpu_facts" >&2
   # --tree is deprecated in 2.19 (removed in 2.23) but is the simplest way to get the result as JSON.
   PYTHONPATH="$site" ANSIBLE_LIBRARY="$REPO/library" ANSIBLE_CONFIG="$raw/ansible.cfg" \
     ANSIBLE_LOCALHOST_WARNING=False ANSIBLE_INVENTORY_UNPARSED_WARNING=False \
     ANSIBLE_DEPRECATION_WARNINGS=False ANSIBLE_PYTHON_INTERPRETER="$py" \
-    "$py" -m ansible adhoc localhost -c local -m gpu_facts --tree "$tree" >"$raw/adhoc.txt" 2>&1 || true
+    "$py" -m ansible adhoc localhost -c local -m labctl_gpu_facts --tree "$tree" >"$raw/adhoc.txt" 2>&1 || true
   if [[ -f $tree/localhost ]]; then cp "$tree/localhost" "$raw/facts.json"; else echo '{}' >"$raw/facts.json"; fi
 
   local rc
@@ -174,9 +174,9 @@ import shutil
 import sys
 
 raw, out, fields, extra, expect_branch, expect_gpus = sys.argv[1:7]
-spec = importlib.util.spec_from_file_location("gpu_facts", "library/gpu_facts.py")
-gpu_facts = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gpu_facts)
+spec = importlib.util.spec_from_file_location("labctl_gpu_facts", "library/labctl_gpu_facts.py")
+labctl_gpu_facts = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(labctl_gpu_facts)
 
 
 def read(name):
@@ -211,7 +211,7 @@ block = re.search(r"^    Fabric\n((?:        .*\n)+)", q_text, re.M)
 if block:
     values = dict((k.strip(), v.strip()) for k, _, v in
                   (line.partition(":") for line in block.group(1).splitlines() if ":" in line))
-    if values.get("State") not in gpu_facts.NO_FABRIC_STATES:
+    if values.get("State") not in labctl_gpu_facts.NO_FABRIC_STATES:
         fabric = {"state": values.get("State"), "status": values.get("Status"),
                   "clique_id": values.get("CliqueId"), "cluster_uuid": values.get("ClusterUUID"),
                   "health_bandwidth": values.get("Bandwidth", "N/A")}
@@ -235,7 +235,7 @@ def check(name, ok, detail=""):
     lines.append("%s %s%s" % (word, name, (": " + detail) if detail else ""))
 
 
-check("gpu_facts ran", bool(facts) and not result.get("failed"),
+check("labctl_gpu_facts ran", bool(facts) and not result.get("failed"),
       result.get("msg", "") if result.get("failed") else "gpu_count=%s" % facts.get("gpu_count"))
 check("GPUs found", facts.get("gpu_count", 0) > 0, facts.get("gpu_facts_reason") or "%d" % len(gpus))
 if expect_gpus:
@@ -244,13 +244,13 @@ if not gpus:
     check("facts match the raw query output", None, "no GPU to compare")
 else:
     try:
-        parsed = gpu_facts.parse_query_output(query)
+        parsed = labctl_gpu_facts.parse_query_output(query)
         check("facts match the raw query output", parsed == gpus, "%d row(s)" % len(parsed))
-    except gpu_facts.ParseError as exc:
+    except labctl_gpu_facts.ParseError as exc:
         check("facts match the raw query output", False, str(exc))
 listed = [l for l in (read("list.txt") or "").splitlines() if l.startswith("GPU ")]
 check("nvidia-smi -L lists the same GPUs", len(listed) == len(gpus), "%d listed" % len(listed))
-branches = sorted(set(gpu_facts.driver_branch(g.get("driver_version")) for g in gpus))
+branches = sorted(set(labctl_gpu_facts.driver_branch(g.get("driver_version")) for g in gpus))
 if gpus:
     check("one driver branch on every GPU", len(branches) == 1, ",".join(branches))
 if expect_branch:

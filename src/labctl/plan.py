@@ -115,7 +115,7 @@ def model_profile(
 
 @dataclass(frozen=True)
 class Gpu:
-    """One GPU as gpu_facts reports it: its name and ``memory_total_mib``."""
+    """One GPU as labctl_gpu_facts reports it: its name and ``memory_total_mib``."""
 
     name: str
     memory_mib: int

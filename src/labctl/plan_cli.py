@@ -2,9 +2,9 @@
 
 Settings come from the inventory (``ansible-inventory --list``, with the plays' variable
 precedence) over the vLLM role's defaults (roles/vllm/defaults/main.yml); options override both.
-GPU sizes come from ``--gpu NAME:MiB``, from ``--facts FILE`` (gpu_facts output saved with
-``ansible -i INV gpu_hosts -m gpu_facts > FILE``, an ``ansible_facts``/``gpus`` JSON, or a
-tests/fixtures/nvidia-smi data table), or else from a live ``ansible ... -m gpu_facts`` run.
+GPU sizes come from ``--gpu NAME:MiB``, from ``--facts FILE`` (labctl_gpu_facts output saved with
+``ansible -i INV gpu_hosts -m labctl_gpu_facts > FILE``, an ``ansible_facts``/``gpus`` JSON, or a
+tests/fixtures/nvidia-smi data table), or else from a live ``ansible ... -m labctl_gpu_facts`` run.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _gpus_of(data: Any, where: str) -> list[Gpu]:
         data = data["ansible_facts"]
     if isinstance(data, dict):
         if "gpus" not in data:
-            raise InputError(f"{where}: no 'gpus' list (expected gpu_facts output or an nvidia-smi table)")
+            raise InputError(f"{where}: no 'gpus' list (expected labctl_gpu_facts output or an nvidia-smi table)")
         reason = data.get("gpu_facts_reason")
         data = data["gpus"]
         if not data:
@@ -150,7 +150,7 @@ def _gpus_of(data: Any, where: str) -> list[Gpu]:
 
 
 def parse_adhoc(text: str, where: str) -> dict[str | None, list[Gpu]]:
-    """GPUs per host from ``ansible HOSTS -m gpu_facts`` output ("host | SUCCESS => {...}")."""
+    """GPUs per host from ``ansible HOSTS -m labctl_gpu_facts`` output ("host | SUCCESS => {...}")."""
     decoder = json.JSONDecoder()
     found: dict[str | None, list[Gpu]] = {}
     for match in _ADHOC.finditer(text):
@@ -163,7 +163,7 @@ def parse_adhoc(text: str, where: str) -> dict[str | None, list[Gpu]]:
             raise InputError(f"{where}: {host}: {status} {result.get('msg', '')}".rstrip())
         found[host] = _gpus_of(result, f"{where} ({host})")
     if not found:
-        raise InputError(f"{where}: neither JSON nor `ansible -m gpu_facts` output")
+        raise InputError(f"{where}: neither JSON nor `ansible -m labctl_gpu_facts` output")
     return found
 
 
@@ -181,7 +181,7 @@ def load_facts(path: Path) -> dict[str | None, list[Gpu]]:
 
 
 def gather_facts(inventory: Path) -> dict[str | None, list[Gpu]]:
-    """Run gpu_facts (library/gpu_facts.py) on every gpu_hosts host over the inventory's own
+    """Run labctl_gpu_facts (library/labctl_gpu_facts.py) on every gpu_hosts host over the inventory's own
     connection settings (playbooks/gpu-facts.yml; become off: nvidia-smi needs no root)."""
     where = f"playbooks/gpu-facts.yml -i {inventory}"
     result = run_playbook(repo_root() / "playbooks" / "gpu-facts.yml", inventory, args=["-e", "ansible_become=false"])
@@ -417,7 +417,7 @@ def plan_command(
     inventory: Annotated[Path, typer.Option("-i", "--inventory", help="Ansible inventory (file or directory).")],
     facts: Annotated[
         Path | None,
-        typer.Option(help="Saved GPU facts: `ansible -m gpu_facts` output, gpu_facts JSON or an nvidia-smi table."),
+        typer.Option(help="Saved GPU facts: `ansible -m labctl_gpu_facts` output, labctl_gpu_facts JSON or an nvidia-smi table."),
     ] = None,
     gpu: Annotated[
         list[str] | None, typer.Option(help='A GPU as "NAME:MiB" (e.g. "NVIDIA H200:143771"); repeat per GPU.')
@@ -438,7 +438,7 @@ def plan_command(
 ) -> None:
     """Memory budget per GPU, KV-cache tokens, concurrency and a layout recommendation.
 
-    Without --facts or --gpu: `ansible -i INVENTORY gpu_hosts -m gpu_facts` reads the GPUs live.
+    Without --facts or --gpu: `ansible -i INVENTORY gpu_hosts -m labctl_gpu_facts` reads the GPUs live.
     """
     given = Overrides(
         model=model,
@@ -464,7 +464,7 @@ def plan_command(
         elif facts is not None:
             gpus_by_host, source = load_facts(facts), str(facts)
         else:
-            gpus_by_host, source = gather_facts(inventory), "gpu_facts (live)"
+            gpus_by_host, source = gather_facts(inventory), "labctl_gpu_facts (live)"
         reports = []
         for host, hostvars in hosts.items():
             gpus = gpus_by_host.get(host, gpus_by_host.get(None))

@@ -51,7 +51,7 @@ INPUT_VARIABLES = sorted(
     | set(SERVED_NAME)
     | {EXPECTED_GPUS, "ansible_host"}
 )
-# The facts it reads (gpu_facts and the setup module's).
+# The facts it reads (labctl_gpu_facts and the setup module's).
 INPUT_FACTS = ("gpu_count", "gpu_pci_count", "default_ipv4", "processor_vcpus", "processor_count")
 
 
@@ -133,11 +133,11 @@ def replica_plan(
 
 
 def gpu_count(facts: Mapping[str, Any], given: Mapping[str, Any], source: str = "facts") -> Tuple[int, str]:
-    """The GPUs to plan for and where the number came from: nvidia-smi (gpu_facts), else the PCI
+    """The GPUs to plan for and where the number came from: nvidia-smi (labctl_gpu_facts), else the PCI
     devices, else lab_expected_gpu_count (before the driver runs; the only source with
     ``source='inventory'``, for planning on the control node)."""
     if source == "facts":
-        for fact, origin in (("gpu_count", "gpu_facts"), ("gpu_pci_count", "gpu_facts (PCI)")):
+        for fact, origin in (("gpu_count", "labctl_gpu_facts"), ("gpu_pci_count", "labctl_gpu_facts (PCI)")):
             if int(facts.get(fact) or 0) > 0:
                 return int(facts[fact]), origin
     try:

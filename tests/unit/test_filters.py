@@ -1,34 +1,43 @@
-"""The project's Jinja filters (filter_plugins/labctl_filters.py)."""
+"""The roles' Jinja filters (roles/<role>/filter_plugins/); the shared labctl_topology is in test_topology.py."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import ModuleType
 
-_SPEC = importlib.util.spec_from_file_location(
-    "labctl_filters", Path(__file__).resolve().parents[2] / "filter_plugins" / "labctl_filters.py"
-)
-assert _SPEC and _SPEC.loader
-filters = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(filters)
+
+def _load(*parts: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(parts[-1].removesuffix(".py"), REPO.joinpath(*parts))
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+REPO = Path(__file__).resolve().parents[2]
+preflight = _load("roles", "preflight", "filter_plugins", "preflight_plan.py")
+vllm = _load("roles", "vllm", "filter_plugins", "vllm_filters.py")
+grafana = _load("roles", "grafana", "filter_plugins", "grafana_filters.py")
+nvidia = _load("roles", "nvidia_driver", "filter_plugins", "nvidia_driver_filters.py")
 
 
 def test_port_clashes_name_every_user_of_a_port() -> None:
-    ports = filters.labctl_replica_ports(8000, 2) + [
+    ports = preflight.labctl_replica_ports(8000, 2) + [
         {"port": 8001, "name": "lab_litellm_port"},
         {"port": 9100, "name": "lab_node_exporter_port"},
     ]
-    assert filters.labctl_port_clashes(ports) == [
+    assert preflight.labctl_port_clashes(ports) == [
         "port clash: vLLM replica 1 (lab_vllm_base_port+1) and lab_litellm_port all use port 8001"
     ]
-    assert filters.labctl_port_clashes(filters.labctl_replica_ports(8000, 2)) == []
+    assert preflight.labctl_port_clashes(preflight.labctl_replica_ports(8000, 2)) == []
 
 
 def test_restart_queue_follows_play_order_and_marks() -> None:
     replicas = [{"host": "a", "index": 0, "port": 8000}, {"host": "a", "index": 1, "port": 8001},
                 {"host": "b", "index": 0, "port": 8000}, {"host": "c", "index": 0, "port": 8000}]
     hostvars = {"a": {"vllm_restart_pending": [1]}, "b": {}, "c": {"vllm_restart_pending": [0]}}
-    queue = filters.labctl_restart_queue(replicas, ["c", "b", "a"], hostvars)
+    queue = vllm.labctl_restart_queue(replicas, ["c", "b", "a"], hostvars)
     assert [(q["host"], q["index"], q["port"]) for q in queue] == [("c", 0, 8000), ("a", 1, 8001)]
 
 
@@ -40,35 +49,35 @@ def test_dashboard_defaults_set_the_spend_prices_of_the_shipped_dashboard() -> N
 
     path = Path(__file__).resolve().parents[2] / "roles" / "grafana" / "files" / "dashboards" / "labctl-gateway.json"
     dashboard = json.loads(path.read_text())
-    changed = filters.labctl_dashboard_defaults(dashboard, {"usd_per_mtok_input": 0.2, "usd_per_mtok_output": "0.8"})
+    changed = grafana.labctl_dashboard_defaults(dashboard, {"usd_per_mtok_input": 0.2, "usd_per_mtok_output": "0.8"})
     variables = {v["name"]: v for v in changed["templating"]["list"]}
     assert variables["usd_per_mtok_input"]["query"] == "0.2"
     assert variables["usd_per_mtok_input"]["current"]["value"] == "0.2"
     assert variables["usd_per_mtok_output"]["current"]["text"] == "0.8"
     assert json.loads(path.read_text()) == dashboard, "the input is not modified"
-    assert filters.labctl_dashboard_defaults(dashboard, {}) == dashboard
+    assert grafana.labctl_dashboard_defaults(dashboard, {}) == dashboard
     # The role hands over the JSON text (parsed here, no deep copy of Ansible's lazy containers).
-    assert filters.labctl_dashboard_defaults(path.read_text(), {"usd_per_mtok_input": 0.2, "usd_per_mtok_output": "0.8"}) == changed
+    assert grafana.labctl_dashboard_defaults(path.read_text(), {"usd_per_mtok_input": 0.2, "usd_per_mtok_output": "0.8"}) == changed
     with pytest.raises(AnsibleFilterError, match="no variable.*usd_per_mtok_inptu"):
-        filters.labctl_dashboard_defaults(dashboard, {"usd_per_mtok_inptu": 1})
+        grafana.labctl_dashboard_defaults(dashboard, {"usd_per_mtok_inptu": 1})
 
 
 def test_upstream_version_drops_epoch_and_revision() -> None:
-    assert filters.labctl_upstream_version("580.95.05-0ubuntu1") == "580.95.05"
-    assert filters.labctl_upstream_version("1:1.1.13-1build1") == "1.1.13"
-    assert filters.labctl_upstream_version("580.95.05") == "580.95.05"
+    assert nvidia.labctl_upstream_version("580.95.05-0ubuntu1") == "580.95.05"
+    assert nvidia.labctl_upstream_version("1:1.1.13-1build1") == "1.1.13"
+    assert nvidia.labctl_upstream_version("580.95.05") == "580.95.05"
 
 
 def test_fabric_manager_versions_match_the_driver_on_the_upstream_part() -> None:
     # `apt-cache madison nvidia-fabricmanager` on Ubuntu 24.04 with NVIDIA's repo: the driver is
     # 580.95.05-0ubuntu1, fabric manager 580.95.05-1 (installing "=<driver version>" is refused).
     madison = ["580.105.08-1", "580.95.05-1", "580.82.07-1"]
-    assert filters.labctl_same_upstream(madison, "580.95.05-0ubuntu1") == ["580.95.05-1"]
-    assert filters.labctl_same_upstream(madison, "580.95.05-1") == ["580.95.05-1"]
-    assert filters.labctl_same_upstream(madison, "580.65.06-0ubuntu1") == []
+    assert nvidia.labctl_same_upstream(madison, "580.95.05-0ubuntu1") == ["580.95.05-1"]
+    assert nvidia.labctl_same_upstream(madison, "580.95.05-1") == ["580.95.05-1"]
+    assert nvidia.labctl_same_upstream(madison, "580.65.06-0ubuntu1") == []
 
 
 def test_fabric_manager_and_nscq_are_chosen_per_release() -> None:
     offered = {"nvidia-fabricmanager": ["580.105.08-1", "580.95.05-1"], "libnvidia-nscq": ["580.105.08-1"]}
-    choice = filters.labctl_release_choice(offered, "580.95.05-0ubuntu1")
+    choice = nvidia.labctl_release_choice(offered, "580.95.05-0ubuntu1")
     assert choice == {"install": ["nvidia-fabricmanager=580.95.05-1"], "missing": ["libnvidia-nscq"]}

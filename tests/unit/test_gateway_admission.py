@@ -18,9 +18,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 WHEELS = REPO / "build" / "bundles" / "test" / "wheels"
-sys.path.insert(0, str(REPO / "filter_plugins"))
+sys.path.insert(0, str(REPO / "roles" / "litellm" / "filter_plugins"))
 
-from labctl_filters import labctl_class_floors  # noqa: E402
+from litellm_filters import labctl_class_floors  # noqa: E402
 
 from .callback_loader import load_callback  # noqa: E402
 

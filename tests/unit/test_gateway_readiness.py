@@ -1,5 +1,5 @@
 """The gateway's readiness routing (roles/litellm/.../labctl_readiness.py.j2) and the rolling
-restart's drain wait (library/labctl_replica_drain.py), against real sockets: a server that
+restart's drain wait (roles/vllm/library/labctl_replica_drain.py), against real sockets: a server that
 answers, one that answers 503, a port that listens but never answers (vLLM while it loads its
 model: it binds before the engine is set up) and a closed port."""
 
@@ -233,7 +233,7 @@ def test_the_role_defaults_and_the_drain_directories_agree() -> None:
 def _drain(url: str, **args: object) -> dict[str, Any]:
     cmd = [str(BIN / "ansible"), "localhost", "-c", "local", "-m", "labctl_replica_drain", "-a",
            json.dumps({"url": url, **args}), "-o"]
-    env = dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "library"), ANSIBLE_LOCALHOST_WARNING="False",
+    env = dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "roles" / "vllm" / "library"), ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False).stdout
     assert "=>" in out, out

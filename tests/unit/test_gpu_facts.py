@@ -1,4 +1,4 @@
-"""The gpu_facts module: its parsers, the module run by ansible against the nvidia-smi stub, and the stub.
+"""The labctl_gpu_facts module: its parsers, the module run by ansible against the nvidia-smi stub, and the stub.
 
 Fixtures live in tests/fixtures/nvidia-smi/: one JSON data table per machine shape (also what the stub
 answers from) and raw text for the failure shapes. Their descriptions say where each shape comes from.
@@ -32,14 +32,14 @@ NOT_LOADED = (
 
 
 def _load_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_facts", REPO / "library" / "gpu_facts.py")
+    spec = importlib.util.spec_from_file_location("labctl_gpu_facts", REPO / "library" / "labctl_gpu_facts.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-gpu_facts = _load_module()
+labctl_gpu_facts = _load_module()
 
 
 def _data(machine: str) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def _data(machine: str) -> dict[str, Any]:
 def _csv(machine: str) -> str:
     """What `nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv,noheader,nounits` prints for the table."""
     rows = _data(machine)["gpus"]
-    return "".join(", ".join(gpu[field] for field in gpu_facts.QUERY_FIELDS) + "\n" for gpu in rows)
+    return "".join(", ".join(gpu[field] for field in labctl_gpu_facts.QUERY_FIELDS) + "\n" for gpu in rows)
 
 
 def _stub(*args: str, data: str | Path = "h200x2", share: Path | None = None, run: Path | None = None,
@@ -66,7 +66,7 @@ def _stub(*args: str, data: str | Path = "h200x2", share: Path | None = None, ru
 
 
 def test_h200_pair() -> None:
-    gpus = gpu_facts.parse_query_output(_csv("h200x2"))
+    gpus = labctl_gpu_facts.parse_query_output(_csv("h200x2"))
     assert [g["index"] for g in gpus] == [0, 1]
     first = gpus[0]
     assert first["name"] == "NVIDIA H200"
@@ -77,35 +77,35 @@ def test_h200_pair() -> None:
     assert first["mig_mode"] == "Disabled" and first["ecc_mode"] == "Enabled"
     assert first["power_limit_w"] == 700.0
     assert first["serial"] == "1753724031847" and first["pci_bus_id"] == "00000000:18:00.0"
-    assert gpu_facts.driver_branch(first["driver_version"]) == "580"
+    assert labctl_gpu_facts.driver_branch(first["driver_version"]) == "580"
     assert set(first) == {"index", "name", "uuid", "serial", "pci_bus_id", "memory_total_mib", "driver_version",
                           "vbios_version", "persistence_mode", "compute_cap", "compute_mode", "mig_mode",
                           "ecc_mode", "power_limit_w"}
 
 
 def test_hgx_h100_eight_gpus() -> None:
-    gpus = gpu_facts.parse_query_output(_csv("h100x8-hgx"))
+    gpus = labctl_gpu_facts.parse_query_output(_csv("h100x8-hgx"))
     assert len(gpus) == 8
     assert {g["memory_total_mib"] for g in gpus} == {81559}
     assert gpus[7]["pci_bus_id"] == "00000000:DB:00.0"
 
 
 def test_a100_mig() -> None:
-    gpus = gpu_facts.parse_query_output(_csv("a100-mig"))
+    gpus = labctl_gpu_facts.parse_query_output(_csv("a100-mig"))
     assert gpus[0]["mig_mode"] == "Enabled"
     assert gpus[1]["mig_mode"] == "Disabled"
     assert gpus[0]["memory_total_mib"] == 81920 and gpus[0]["compute_cap"] == "8.0"
 
 
 def test_unavailable_fields_are_none() -> None:
-    (gpu,) = gpu_facts.parse_query_output(_csv("na-fields"))
+    (gpu,) = labctl_gpu_facts.parse_query_output(_csv("na-fields"))
     assert gpu["serial"] is None  # [Not Supported]
     assert gpu["memory_total_mib"] is None  # [N/A] on unified memory
     assert gpu["mig_mode"] is None and gpu["ecc_mode"] is None
     assert gpu["power_limit_w"] is None
     assert gpu["vbios_version"] is None
     assert gpu["compute_cap"] == "12.1"
-    assert gpu_facts.driver_branch(gpu["driver_version"]) == "580"  # "580.142": two parts
+    assert labctl_gpu_facts.driver_branch(gpu["driver_version"]) == "580"  # "580.142": two parts
 
 
 @pytest.mark.parametrize(
@@ -122,14 +122,14 @@ def test_unavailable_fields_are_none() -> None:
     ],
 )
 def test_malformed_output_names_the_line(line: str, quoted: str) -> None:
-    with pytest.raises(gpu_facts.ParseError) as exc:
-        gpu_facts.parse_query_output(_csv("h200x2") + line + "\n")
+    with pytest.raises(labctl_gpu_facts.ParseError) as exc:
+        labctl_gpu_facts.parse_query_output(_csv("h200x2") + line + "\n")
     assert quoted in str(exc.value)
     assert repr(line) in str(exc.value)
 
 
 def test_blank_lines_are_not_gpus() -> None:
-    assert gpu_facts.parse_query_output("\n\n") == []
+    assert labctl_gpu_facts.parse_query_output("\n\n") == []
 
 
 H100_NVSWITCH_BRIDGE = "05:00.0 Bridge: NVIDIA Corporation GH100 [H100 NVSwitch] (rev a1)"
@@ -157,15 +157,15 @@ H100_NVSWITCH_BRIDGE = "05:00.0 Bridge: NVIDIA Corporation GH100 [H100 NVSwitch]
     ],
 )
 def test_parse_nvswitch(q_text: str, lspci: str, expected: bool) -> None:
-    assert gpu_facts.parse_nvswitch(q_text, lspci) is expected
+    assert labctl_gpu_facts.parse_nvswitch(q_text, lspci) is expected
 
 
 @pytest.mark.parametrize("machine,expected", [
     ("h200x2", False), ("h100x8-hgx", True), ("a100-mig", False), ("na-fields", False)])
 def test_fixture_lspci_and_stub_q_agree_on_nvswitch(machine: str, expected: bool) -> None:
     q_text = _stub("-q", data=machine).stdout
-    assert gpu_facts.parse_nvswitch(q_text, "") is expected
-    assert gpu_facts.parse_nvswitch("", _data(machine)["lspci"]) is expected
+    assert labctl_gpu_facts.parse_nvswitch(q_text, "") is expected
+    assert labctl_gpu_facts.parse_nvswitch("", _data(machine)["lspci"]) is expected
 
 
 # --- the module, run by ansible ----------------------------------------------------------------------
@@ -209,7 +209,7 @@ def _sysfs(root: Path, machine: str) -> Path:
 
 def _ansible(args: dict[str, Any], env: dict[str, str], check: bool = False) -> dict[str, Any]:
     # The default callback (not -o): it also prints the module's warnings, on stderr.
-    cmd = [str(BIN / "ansible"), "localhost", "-c", "local", "-m", "gpu_facts"]
+    cmd = [str(BIN / "ansible"), "localhost", "-c", "local", "-m", "labctl_gpu_facts"]
     if args:  # `-a '{}'` would be taken for raw parameters
         cmd += ["-a", json.dumps(args)]
     if check:
@@ -234,7 +234,7 @@ def _ansible(args: dict[str, Any], env: dict[str, str], check: bool = False) -> 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     """Every module run of this file, started at once."""
-    tmp = tmp_path_factory.mktemp("gpu_facts")
+    tmp = tmp_path_factory.mktemp("labctl_gpu_facts")
     cases: dict[str, tuple[dict[str, Any], dict[str, str], bool]] = {}
 
     def machine_bin(machine: str) -> Path:
@@ -313,7 +313,7 @@ def test_module_h200_pair(runs: dict[str, dict[str, Any]]) -> None:
     assert facts["gpu_facts_reason"] == ""
     assert [g["memory_total_mib"] for g in facts["gpus"]] == [143771, 143771]
     assert {g["compute_cap"] for g in facts["gpus"]} == {"9.0"}
-    assert facts["gpus"] == gpu_facts.parse_query_output(_csv("h200x2"))
+    assert facts["gpus"] == labctl_gpu_facts.parse_query_output(_csv("h200x2"))
 
 
 def test_module_hgx_h100(runs: dict[str, dict[str, Any]]) -> None:
@@ -397,7 +397,7 @@ def test_module_reads_past_an_inforom_warning(runs: dict[str, dict[str, Any]]) -
 
 @pytest.mark.parametrize("machine", MACHINES)
 def test_stub_answers_the_modules_query_with_the_table(machine: str) -> None:
-    proc = _stub(*gpu_facts.QUERY_ARGS, data=machine)
+    proc = _stub(*labctl_gpu_facts.QUERY_ARGS, data=machine)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout == _csv(machine)
 
@@ -461,7 +461,7 @@ def test_stub_persistence_mode_and_not_loaded(tmp_path: Path) -> None:
 def test_stub_without_gpus_says_no_devices(tmp_path: Path) -> None:
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"description": "no GPU", "gpus": [], "fabric": None, "lspci": ""}))
-    for args in ([*gpu_facts.QUERY_ARGS], ["-L"], ["-q"], []):
+    for args in ([*labctl_gpu_facts.QUERY_ARGS], ["-L"], ["-q"], []):
         proc = _stub(*args, data=empty)
         assert proc.returncode == 6
         assert proc.stdout == (FIXTURES / "no-devices.txt").read_text()
@@ -481,11 +481,11 @@ def test_real_output_case(case: str) -> None:
     if not facts["gpu_count"]:
         assert facts["gpu_facts_reason"]
         return
-    assert gpu_facts.parse_query_output(query) == facts["gpus"]
+    assert labctl_gpu_facts.parse_query_output(query) == facts["gpus"]
     q_text = (FIXTURES / f"{case}.q.txt").read_text()
     lspci = (FIXTURES / f"{case}.lspci.txt").read_text()
-    assert gpu_facts.parse_nvswitch(q_text, lspci) is facts["gpu_nvswitch"]
-    replayed = _stub(*gpu_facts.QUERY_ARGS, data=FIXTURES / f"{case}.json")
+    assert labctl_gpu_facts.parse_nvswitch(q_text, lspci) is facts["gpu_nvswitch"]
+    replayed = _stub(*labctl_gpu_facts.QUERY_ARGS, data=FIXTURES / f"{case}.json")
     assert replayed.stdout == query
-    assert gpu_facts.parse_nvswitch(_stub("-q", data=FIXTURES / f"{case}.json").stdout, "") is (
+    assert labctl_gpu_facts.parse_nvswitch(_stub("-q", data=FIXTURES / f"{case}.json").stdout, "") is (
         _data(case)["fabric"] is not None)

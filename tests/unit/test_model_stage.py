@@ -1,4 +1,4 @@
-"""The model_stage module, run by ansible itself (`ansible localhost -m model_stage`) on small tmp trees."""
+"""The labctl_model_stage module, run by ansible itself (`ansible localhost -m labctl_model_stage`) on small tmp trees."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return dict(
         os.environ,
         ANSIBLE_CONFIG=str(config),
-        ANSIBLE_LIBRARY=str(REPO / "library"),
+        ANSIBLE_LIBRARY=str(REPO / "roles" / "model_weights" / "library"),
+        ANSIBLE_MODULE_UTILS=str(REPO / "roles" / "model_weights" / "module_utils"),
         ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
         ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
         ANSIBLE_LOCALHOST_WARNING="False",
@@ -38,7 +39,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _cmd(args: dict[str, Any], check: bool) -> list[str]:
-    cmd = [str(BIN / "ansible"), "localhost", "-c", "local", "-m", "model_stage", "-a", json.dumps(args)]
+    cmd = [str(BIN / "ansible"), "localhost", "-c", "local", "-m", "labctl_model_stage", "-a", json.dumps(args)]
     return cmd + (["--check"] if check else [])
 
 
@@ -420,11 +421,11 @@ def test_in_place_mode_hashes_a_pushed_tree(tmp_path: Path, src: Path, dest: Pat
 
 
 def test_documentation_parses_for_ansible_doc(tmp_path: Path) -> None:
-    out = subprocess.run([str(BIN / "ansible-doc"), "-M", str(REPO / "library"), "-j", "model_stage", "labctl_progress"],
+    out = subprocess.run([str(BIN / "ansible-doc"), "-M", str(REPO / "roles" / "model_weights" / "library"), "-j", "labctl_model_stage", "labctl_progress"],
                          capture_output=True, text=True, env=_env(tmp_path), check=False)
     assert out.returncode == 0, out.stderr
     docs = json.loads(out.stdout)
-    assert set(docs["model_stage"]["doc"]["options"]) == {"src", "dest", "state", "verify", "workers", "owner", "group",
+    assert set(docs["labctl_model_stage"]["doc"]["options"]) == {"src", "dest", "state", "verify", "workers", "owner", "group",
                                                           "progress_file", "label", "bwlimit"}
-    assert "bytes_read" in docs["model_stage"]["return"]
+    assert "bytes_read" in docs["labctl_model_stage"]["return"]
     assert set(docs["labctl_progress"]["doc"]["options"]) == {"jid", "path", "label", "wait", "cleanup"}

@@ -17,7 +17,7 @@ def _run(proc: Path, values: dict[str, object], check: bool = False) -> dict[str
     cmd = [str(BIN / "ansible"), "localhost", "-c", "local", "-m", "labctl_sysctl", "-a", args, "-o"]
     if check:
         cmd.append("--check")
-    env = dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "library"), ANSIBLE_LOCALHOST_WARNING="False",
+    env = dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "roles" / "host_tuning" / "library"), ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False).stdout
     assert "=>" in out, out

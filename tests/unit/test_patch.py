@@ -18,10 +18,10 @@ import yaml
 from labctl.bundle.updates import parse_madison
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "filter_plugins"))
-sys.path.insert(0, str(REPO / "library"))
+sys.path.insert(0, str(REPO / "roles" / "patch" / "filter_plugins"))
+sys.path.insert(0, str(REPO / "roles" / "patch" / "library"))
 
-from labctl_filters import labctl_kernel_reboot_needed, labctl_package_changes  # noqa: E402
+from patch_filters import labctl_kernel_reboot_needed, labctl_package_changes  # noqa: E402
 import labctl_stale_services as stale  # noqa: E402
 
 
@@ -116,7 +116,8 @@ def test_a_real_process_on_a_replaced_binary_is_seen(tmp_path: Path) -> None:
 
 
 def test_the_patch_play_goes_one_host_at_a_time_drained_first() -> None:
-    (play,) = _load("playbooks", "patch.yml")
+    topology, play = _load("playbooks", "patch.yml")
+    assert topology["ansible.builtin.import_playbook"] == "topology.yml"
     assert play["serial"] == 1 and play["max_fail_percentage"] == 0
     tasks = play["tasks"]
     assert [t["ansible.builtin.include_role"]["name"] for t in tasks[:2]] == ["airgap", "patch"]

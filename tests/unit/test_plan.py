@@ -2,7 +2,7 @@
 
 The arithmetic is checked against source 004's worked example (one H100 80 GB at 0.95) and the
 lab's machine (2 x H200 at 0.80, tests/fixtures/nvidia-smi/h200x2.json); the command against
-inventories/lab through the real ansible-inventory, and once against a live gpu_facts run over a
+inventories/lab through the real ansible-inventory, and once against a live labctl_gpu_facts run over a
 local connection with the nvidia-smi stub.
 """
 
@@ -225,7 +225,7 @@ def test_cli_facts_shapes(tmp_path: Path) -> None:
     shapes = {
         "list.json": json.dumps(gpus),
         "facts.json": json.dumps(result),
-        # What `ansible -i INV gpu_hosts -m gpu_facts > FILE` saves (warnings go to stderr).
+        # What `ansible -i INV gpu_hosts -m labctl_gpu_facts > FILE` saves (warnings go to stderr).
         "adhoc.txt": "gpu01 | SUCCESS => " + json.dumps(result, indent=4) + "\n",
     }
     for name, text in shapes.items():
@@ -245,7 +245,7 @@ def test_cli_facts_shapes(tmp_path: Path) -> None:
     [
         (["-i", "/nonexistent/inventory", "--facts", str(H200X2)], "inventory /nonexistent/inventory: no such file"),
         (["-i", str(LAB), "--facts", str(FIXTURES / "na-fields.json")], "GPU 0 (NVIDIA GB10) reports no memory size"),
-        (["-i", str(LAB), "--facts", str(FIXTURES / "garbage.txt")], "neither JSON nor `ansible -m gpu_facts` output"),
+        (["-i", str(LAB), "--facts", str(FIXTURES / "garbage.txt")], "neither JSON nor `ansible -m labctl_gpu_facts` output"),
         (["-i", str(LAB), "--facts", "/nonexistent/facts.json"], "--facts /nonexistent/facts.json"),
         (["-i", str(LAB), "--facts", str(H200X2), "--model", "gpt-oss-20b"],
          "gpu01: --model: unknown model 'gpt-oss-20b': known models are gpt-oss-120b"),
@@ -302,7 +302,7 @@ def test_cli_no_gpu_hosts(tmp_path: Path) -> None:
 
 
 def test_cli_live_gpu_facts_over_local_connection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No --facts/--gpu: `ansible gpu_hosts -m gpu_facts` with the repo's library/, here against
+    """No --facts/--gpu: `ansible gpu_hosts -m labctl_gpu_facts` with the repo's library/, here against
     the nvidia-smi stub (an 8 x H100 HGX) on PATH over a local connection."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -317,7 +317,7 @@ def test_cli_live_gpu_facts_over_local_connection(tmp_path: Path, monkeypatch: p
     )
     data = _json("-i", str(inv))
     host = data["hosts"][0]
-    assert data["gpu_source"] == "gpu_facts (live)"
+    assert data["gpu_source"] == "labctl_gpu_facts (live)"
     assert [g["memory_mib"] for g in host["gpus"]] == [81559] * 8
     # 80 GB H100s at the lab's 0.80 keep ~0.7 GiB each: the advice is TP 2 (4 replicas).
     rec = host["recommendation"]
@@ -327,7 +327,7 @@ def test_cli_live_gpu_facts_over_local_connection(tmp_path: Path, monkeypatch: p
 def _refusals_filter() -> Any:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("labctl_filters", REPO / "filter_plugins" / "labctl_filters.py")
+    spec = importlib.util.spec_from_file_location("preflight_plan", REPO / "roles" / "preflight" / "filter_plugins" / "preflight_plan.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

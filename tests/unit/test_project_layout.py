@@ -160,3 +160,23 @@ def test_one_way_from_python_to_ansible() -> None:
         assert "import ansible_runner" not in text, f"{path.relative_to(REPO)}: run Ansible through labctl.ansible_run"
         assert not re.search(r"""["']ansible(-playbook|-inventory)?["']\s*,""", text), f"{path.relative_to(REPO)} runs an Ansible command"
         assert not re.search(r"""get\(["']task["'][^)]*\)\)?\s*(==|\.endswith)""", text), f"{path.relative_to(REPO)} finds a result by task name"
+
+
+@pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
+def test_one_handler_style_and_one_way_into_task_files(role: Path) -> None:
+    """Handlers are notified by topic (listen:), never by name; a role's main.yml enters its task
+    files with import_tasks (static: --tags and --list-tasks see every task), include_tasks only
+    where a loop or a handler needs it."""
+    handlers_file = role / "handlers" / "main.yml"
+    handlers = yaml.safe_load(handlers_file.read_text()) if handlers_file.exists() else []
+    names = {h["name"] for h in handlers or []}
+    for handler in handlers or []:
+        assert str(handler.get("listen", "")).startswith(role.name + " "), f"{role.name}: {handler['name']} has no '{role.name} ...' listen topic"
+    for path in sorted((role / "tasks").glob("*.yml")):
+        for task in _tasks(yaml.safe_load(path.read_text())):
+            notify = task.get("notify")
+            for topic in [notify] if isinstance(notify, str) else notify or []:
+                assert topic not in names, f"{path.relative_to(REPO)}: {task.get('name')} notifies the handler {topic!r} by name"
+            if path.name == "main.yml":
+                assert "ansible.builtin.include_tasks" not in task or "loop" in task, \
+                    f"{path.relative_to(REPO)}: {task.get('name')}: use import_tasks"

@@ -1,5 +1,5 @@
 """Two GPU-host details checked before or at the first start: the Secure Boot state that preflight
-reads (library/labctl_secure_boot.py, against efivarfs files laid out as the kernel shows them) and
+reads (roles/preflight/library/labctl_secure_boot.py, against efivarfs files laid out as the kernel shows them) and
 the UVM device script (roles/nvidia_driver/files/labctl-nvidia-uvm) that creates /dev/nvidia-uvm as
 root, because the replicas' NoNewPrivileges=yes disables the setuid nvidia-modprobe."""
 
@@ -23,7 +23,7 @@ UVM = REPO / "roles" / "nvidia_driver" / "files" / "labctl-nvidia-uvm"
 
 def _module(args: dict[str, Any], path: str | None = None) -> dict[str, Any]:
     cmd = [str(BIN / "ansible"), "localhost", "-c", "local", "-m", "labctl_secure_boot", "-a", json.dumps(args), "-o"]
-    env = dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "library"), ANSIBLE_LOCALHOST_WARNING="False",
+    env = dict(os.environ, ANSIBLE_LIBRARY=str(REPO / "roles" / "preflight" / "library"), ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     if path is not None:
         env["PATH"] = path

@@ -84,9 +84,9 @@ def test_problems_name_the_variable_and_the_host() -> None:
         return lab_topology(groups, {"gw": PROJECT, "gpu1": {**PROJECT, **given}}, facts)["problems"]
 
     assert problems(lab_vllm_replicas=3) == [
-        "gpu1: lab_vllm_replicas=3 x lab_vllm_tensor_parallel_size=1 needs 3 GPUs, but the host has 2 (gpu_facts)"]
+        "gpu1: lab_vllm_replicas=3 x lab_vllm_tensor_parallel_size=1 needs 3 GPUs, but the host has 2 (labctl_gpu_facts)"]
     assert problems(vllm_tensor_parallel_size=4) == [
-        "gpu1: vllm_tensor_parallel_size=4 does not divide the GPU count 2 (gpu_facts)"]
+        "gpu1: vllm_tensor_parallel_size=4 does not divide the GPU count 2 (labctl_gpu_facts)"]
     assert problems(vllm_base_port="80x") == ["gpu1: vllm_base_port must be a whole number, got '80x'"]
     assert problems(vllm_listen_address="127.0.0.1") == [
         "gpu1: replica 0 listens on loopback only, out of reach of the gateway on gw: set vllm_listen_address",
@@ -105,7 +105,7 @@ def test_gpu_count_before_the_driver_and_on_the_control_node() -> None:
     given = {"gpu1": {**PROJECT, "lab_expected_gpu_count": 2, "ansible_host": "192.0.2.7"}}
     # No driver yet: the PCI devices count; none either: lab_expected_gpu_count.
     pci = lab_topology(groups, given, {"gpu1": {"gpu_count": 0, "gpu_pci_count": 4, "default_ipv4": {}}})
-    assert pci["hosts"]["gpu1"]["gpu_count"] == 4 and pci["hosts"]["gpu1"]["gpu_count_from"] == "gpu_facts (PCI)"
+    assert pci["hosts"]["gpu1"]["gpu_count"] == 4 and pci["hosts"]["gpu1"]["gpu_count_from"] == "labctl_gpu_facts (PCI)"
     planned = lab_topology(groups, given, {}, gpu_source="inventory")
     assert planned["hosts"]["gpu1"]["gpu_count_from"] == "lab_expected_gpu_count" and len(planned["replicas"]) == 2
     assert planned["hosts"]["gpu1"]["address"] == "192.0.2.7"

@@ -95,7 +95,7 @@ def _state(host) -> str:
     ("extra", "expected"),
     [
         (["-e", "lab_vllm_replicas=3"],
-         ["lab_vllm_replicas=3 x lab_vllm_tensor_parallel_size=1 needs 3 GPUs, but the host has 2 (gpu_facts)"]),
+         ["lab_vllm_replicas=3 x lab_vllm_tensor_parallel_size=1 needs 3 GPUs, but the host has 2 (labctl_gpu_facts)"]),
         (["-e", "lab_vllm_replicas=3", "-e", "lab_litellm_port=8001", "-e", "nvidia_driver_kernel_modules=closed",
           "-e", "nvidia_driver_brnach=575"],
          ["needs 3 GPUs",

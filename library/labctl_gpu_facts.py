@@ -6,7 +6,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
-module: gpu_facts
+module: labctl_gpu_facts
 short_description: Gather NVIDIA GPU facts with nvidia-smi
 description:
   - Runs C(nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv,noheader,nounits) and sets
@@ -47,7 +47,7 @@ author:
 
 EXAMPLES = r"""
 - name: Read the GPUs
-  gpu_facts:
+  labctl_gpu_facts:
 
 - name: The lab box must have its two H200s on the 580 driver
   ansible.builtin.assert:

@@ -47,7 +47,7 @@ author:
 
 EXAMPLES = r"""
 - name: Stage the weights in the background
-  model_stage:
+  labctl_model_stage:
     src: /srv/labctl/bundle/models/gpt-oss-120b/r1
     dest: /srv/models/gpt-oss-120b/r1
     progress_file: /run/labctl/model-stage-gpt-oss-120b.json

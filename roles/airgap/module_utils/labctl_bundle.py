@@ -1,0 +1,1 @@
+../../../src/labctl/bundle/verifycore.py
