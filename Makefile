@@ -135,6 +135,16 @@ bench-provision: bundle-test
 bench-provision-run:
 	python3 scripts/bench-provision.py
 
+# Not a test: the no-op re-run of site.yml over SSH (an sshd container on an internal network), with the
+# one-call file plugins, without them (LABCTL_FILE_ACTIONS=builtin) and with Mitogen; build/bench-ssh.json.
+.PHONY: bench-ssh
+bench-ssh: bundle-test
+	$(MAKE) --no-print-directory bench-ssh-run
+
+.PHONY: bench-ssh-run
+bench-ssh-run:
+	python3 scripts/bench-ssh.py
+
 demo: bundle-test
 	$(MAKE) --no-print-directory demo-run
 

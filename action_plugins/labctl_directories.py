@@ -12,6 +12,7 @@ owner, group or mode; that module then creates or fixes them, in check mode and 
 
 from __future__ import annotations
 
+import os
 import typing as t
 
 from ansible.errors import AnsibleActionFail
@@ -30,9 +31,12 @@ class ActionModule(ActionBase):
         task_vars = task_vars if task_vars is not None else {}
         result = super().run(tmp, task_vars)
         wanted = self._wanted()
-        answer = self._execute_module(
-            module_name="labctl_file_state",
-            module_args={"files": [{**want, "state": "directory"} for want in wanted]}, task_vars=task_vars)
+        if os.environ.get("LABCTL_FILE_ACTIONS", "") == "builtin":  # measurement: one file call per directory
+            answer: dict[str, t.Any] = {"files": [{} for _ in wanted]}
+        else:
+            answer = self._execute_module(
+                module_name="labctl_file_state",
+                module_args={"files": [{**want, "state": "directory"} for want in wanted]}, task_vars=task_vars)
         if answer.get("failed"):
             return {**result, **answer}
         results: list[dict[str, t.Any]] = []
