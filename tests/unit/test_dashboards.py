@@ -491,7 +491,9 @@ def role_vars(role: Path) -> dict[str, Any]:
     values: dict[str, Any] = dict(raw)
     for _ in range(5):  # defaults may refer to each other
         context = {**LAB_VARS, **values}
-        values = {k: env.from_string(v).render(context) if isinstance(v, str) and "{{" in v else v
+        # Inputs from the lab's topology (scrape targets) are Ansible's, not the templates': left empty.
+        values = {k: [] if isinstance(v, str) and "lab_topology" in v
+                  else env.from_string(v).render(context) if isinstance(v, str) and "{{" in v else v
                   for k, v in raw.items()}
     return values
 

@@ -68,4 +68,4 @@ def test_an_inventory_without_gpu_hosts_fails_with_the_roles_message(tmp_path: P
     (tmp_path / "hosts.yml").write_text("all:\n  children:\n    gateway_hosts:\n      hosts:\n        gw: {}\n")
     result = CliRunner().invoke(app, ["gateway-config", "-i", str(tmp_path / "hosts.yml")])
     assert result.exit_code == 1
-    assert "No replica plan" in result.output
+    assert "No replica behind the gateway" in result.output

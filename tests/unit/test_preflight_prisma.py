@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 REBUILD = ": rebuild the bundle where binaries.prisma.sh (or a mirror: profile prisma.mirror) is reachable, or set lab_litellm_database_mode: false"
@@ -51,6 +53,8 @@ def test_preflight_prisma_check(tmp_path: Path) -> None:
                 "ansible_python_interpreter": sys.executable,
                 "lab_bundle_source": "control",
                 "lab_model_root": str(tmp_path),
+                # group_vars/all/project.yml's pinned tokenizer files (every inventory links that file)
+                "lab_tiktoken_files": yaml.safe_load((REPO / "group_vars" / "all" / "project.yml").read_text())["lab_tiktoken_files"],
             },
         }
     }

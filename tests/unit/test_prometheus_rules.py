@@ -52,7 +52,9 @@ def role_defaults(**overrides: Any) -> dict[str, Any]:
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     values: dict[str, Any] = {}
     for name, value in raw.items():
-        if isinstance(value, str) and "{{" in value:
+        if isinstance(value, str) and "lab_topology" in value:
+            value = []  # the scrape targets come from the lab's topology (Ansible), not from the templates
+        elif isinstance(value, str) and "{{" in value:
             value = env.from_string(value).render(**LAB_DEFAULTS)
         values[name] = value
     values.update(overrides)
