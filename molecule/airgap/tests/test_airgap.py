@@ -130,7 +130,9 @@ def _verify(host_pattern: str, path: str, *extra: str, check: bool = False) -> d
     inventory = ["-i", os.environ["MOLECULE_INVENTORY_FILE"]] if host_pattern != "localhost" else []
     args = f"path={path} fingerprint={os.environ['LABCTL_BUNDLE_FINGERPRINT']} " + " ".join(extra)
     cmd = ["ansible", host_pattern, *inventory, "-m", "labctl_bundle_verify", "-a", args, *(["-C"] if check else [])]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, cwd=SCENARIO_DIR.parent.parent)
+    role = SCENARIO_DIR.parent.parent / "roles" / "airgap"  # the module and its module_utils live in the role
+    env = dict(os.environ, ANSIBLE_LIBRARY=str(role / "library"), ANSIBLE_MODULE_UTILS=str(role / "module_utils"))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, cwd=SCENARIO_DIR.parent.parent, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     # "<host> | SUCCESS => {...}" (ad hoc's minimal output).
     start = result.stdout.index(" | SUCCESS => ") + len(" | SUCCESS => ")
