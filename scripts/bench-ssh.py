@@ -73,7 +73,8 @@ def image() -> str:
     sh("docker", "run", "--name", builder, base, "bash", "-c",
        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null"
        " && systemctl enable ssh && rm -f /etc/ssh/ssh_host_*")
-    sh("docker", "commit", builder, tag)
+    # docker commit would keep the build's bash as the command: give the image back systemd as PID 1.
+    sh("docker", "commit", "--change", 'CMD ["/lib/systemd/systemd"]', "--change", "ENV container=docker", builder, tag)
     sh("docker", "rm", "-f", builder)
     return tag
 
@@ -89,8 +90,15 @@ def up(tag: str, key: Path) -> str:
         if state in ("running", "degraded"):
             break
         time.sleep(1)
-    sh("docker", "exec", NAME, "bash", "-c",
-       "ssh-keygen -A >/dev/null && mkdir -p -m 700 /root/.ssh && systemctl restart ssh")
+    # The image has no host keys (removed at build): sshd failed at boot; make them and start it.
+    for _ in range(20):
+        started = sh("docker", "exec", NAME, "bash", "-c", "ssh-keygen -A >/dev/null && mkdir -p -m 700 /root/.ssh"
+                     " && systemctl reset-failed ssh; systemctl restart ssh && systemctl is-active ssh", check=False)
+        if started.returncode == 0:
+            break
+        time.sleep(2)
+    else:
+        raise SystemExit(f"bench-ssh: sshd did not start in {NAME}: {started.stdout}{started.stderr}")
     sh("docker", "exec", "-i", NAME, "bash", "-c", "cat > /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys",
        input=Path(str(key) + ".pub").read_text())
     return sh("docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", NAME).stdout.strip()
