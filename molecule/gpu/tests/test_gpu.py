@@ -221,7 +221,7 @@ def test_an_hgx_host_gets_fabric_manager_in_the_same_run(host):
     for address, pci_class, device in nodes:
         host.run_test(f"mkdir -p {root}/{address} && echo 0x10de > {root}/{address}/vendor && "
                       f"echo {pci_class} > {root}/{address}/class && echo {device} > {root}/{address}/device")
-    result = _site("-e", "preflight_sysfs_root=/tmp/sys-hgx", "-e", f"nvidia_driver_version={NEWER}")
+    result = _site("-e", "lab_sysfs_root=/tmp/sys-hgx", "-e", f"nvidia_driver_version={NEWER}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert host.package("nvidia-fabricmanager").version == "580.105.08-1"
     assert host.package("libnvidia-nscq").version == "580.105.08-1"
