@@ -21,6 +21,7 @@ from typing import Any
 import ansible_runner  # type: ignore[import-untyped]
 
 from labctl.paths import repo_root
+from labctl.redact import scrub_runner_artifacts
 
 EventHandler = Callable[[dict[str, Any]], bool]
 
@@ -91,6 +92,7 @@ def run_playbook(
             quiet=True,
             envvars={"ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1", "PATH": ansible_path()},
         )
+        scrub_runner_artifacts(where)  # -e values stay out of the kept artifacts
         outputs = sorted(where.glob("artifacts/*/stdout"))
         tail = "\n".join(outputs[-1].read_text(errors="replace").strip().splitlines()[-15:]) if outputs else ""
     return PlaybookResult(status=str(result.status), rc=int(result.rc or 0), data=found, failures=failures, output_tail=tail)

@@ -7,6 +7,7 @@ import typer
 from labctl import __version__
 from labctl.bundle.cli import app as bundle_app
 from labctl.gateway_config import gateway_config
+from labctl.keys_cli import keys_app
 from labctl.plan_cli import plan_command
 from labctl.runs import cli as runs_cli
 
@@ -26,6 +27,7 @@ app.command("rolling-restart")(runs_cli.rolling_restart)
 app.command("patch")(runs_cli.patch)
 app.add_typer(runs_cli.runs_app, name="runs")
 app.command("gateway-config")(gateway_config)
+app.add_typer(keys_app, name="keys")
 
 
 def _version(value: bool) -> None:

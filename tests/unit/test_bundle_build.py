@@ -52,6 +52,9 @@ def test_cli_build_then_verify(runner: CliRunner, inputs: Inputs, tmp_path: Path
     verified = invoke(runner, "bundle", "verify", str(out))
     assert verified.exit_code == 0, verified.output
     assert verified.stdout.startswith("ok: ")
+    assert "the signer was NOT checked" in verified.stdout  # no --fingerprint: said, not implied
+    trusted = invoke(runner, "bundle", "verify", str(out), "--fingerprint", manifest_of(out)["signing_key"]["fingerprint"])
+    assert trusted.exit_code == 0 and "the expected key" in trusted.stdout, trusted.output
     assert verifycore.verify_bundle(str(out)).ok
 
 

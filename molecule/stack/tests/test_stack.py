@@ -21,6 +21,8 @@ REPLICAS = {0: "http://127.0.0.1:8000", 1: "http://127.0.0.1:8001"}
 PUBLIC = "tiny-llama"
 REPORT = REPO / "build" / "reports" / "stack.json"
 LABCTL_STATE = REPO / "build" / "reports" / "labctl-state"
+# The application keys test_stack_keys.py made (the keys themselves: shown once, stored nowhere else).
+APP_KEYS_MADE = REPO / "build" / "reports" / "stack-app-keys.txt"
 _UNITS = ["vllm@0", "vllm@1", "litellm", "redis-server", "postgresql@15-main", "prometheus", "prometheus-node-exporter"]
 
 
@@ -113,8 +115,13 @@ def _secrets(host) -> list[str]:
     key = host.check_output(f"grep '^LITELLM_MASTER_KEY=' {ENV_FILE} | cut -d= -f2-")
     assert key.startswith("sk-") and len(key) > 20
     secrets_dir = Path.home() / ".local" / "share" / "labctl" / "secrets" / "inventory"
-    secrets = [key] + [p.read_text().split()[0] for p in secrets_dir.iterdir() if p.is_file() and p.read_text().strip()]
+    secrets = [key] + [p.read_text().split()[0] for p in secrets_dir.iterdir()
+                       if p.is_file() and p.name != "app-keys.json" and p.read_text().strip()]
     assert len(secrets) >= 5, secrets_dir
+    # The application keys' hashes (the store) and the keys made in this run.
+    store = secrets_dir / "app-keys.json"
+    secrets += [k["sha256"] for k in json.loads(store.read_text())["keys"]] if store.exists() else []
+    secrets += APP_KEYS_MADE.read_text().split() if APP_KEYS_MADE.exists() else []
     return secrets
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
 
 def labctl_class_floors(classes: list[dict[str, Any]], default_floor: float) -> dict[str, float]:
     """The admission floors by priority (as text, a JSON key): every class but the most urgent
@@ -25,8 +30,54 @@ def labctl_class_floors(classes: list[dict[str, Any]], default_floor: float) -> 
     return floors
 
 
+def labctl_app_keys_doc(keys: list[dict[str, Any]], classes: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the gateway's auth hook reads (app-keys.json): the public model names of each key class
+    (litellm_model_classes' key_class), and per sha256 the keys that are not revoked (lab_app_keys,
+    the control node's store: `labctl keys`). Refuses, naming the key, a class no model class
+    carries, a malformed hash, a name used twice, a limit that is not positive, an expiry that is
+    not an ISO date-time with a zone."""
+    by_class: dict[str, list[str]] = {}
+    for entry in classes:
+        if entry.get("key_class"):
+            by_class.setdefault(str(entry["key_class"]), []).append(str(entry["name"]))
+    doc: dict[str, Any] = {"classes": by_class, "keys": {}}
+    names: set[str] = set()
+    for number, key in enumerate(keys or [], 1):
+        if not isinstance(key, dict):
+            raise AnsibleFilterError(f"lab_app_keys: entry {number} is not a mapping")
+        name = str(key.get("name", f"entry {number}"))
+        where = f"lab_app_keys: key {name}"
+        if key.get("revoked"):
+            continue
+        if key.get("class") not in by_class:
+            raise AnsibleFilterError(f"{where}: class {key.get('class')!r} does not exist (litellm_model_classes give: "
+                                     f"{', '.join(sorted(by_class)) or 'none'})")
+        digest = str(key.get("sha256", ""))
+        if not _SHA256.match(digest):
+            raise AnsibleFilterError(f"{where}: sha256 is not 64 lowercase hex digits")
+        if name in names or digest in doc["keys"]:
+            raise AnsibleFilterError(f"{where}: given twice (revoke the old one first)")
+        for limit in ("rpm", "tpm"):
+            value = key.get(limit)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise AnsibleFilterError(f"{where}: {limit} {value!r} is not a positive number")
+        expires = key.get("expires")
+        if expires is not None:
+            try:
+                zone = datetime.fromisoformat(str(expires)).tzinfo
+            except ValueError:
+                zone = None
+            if zone is None:
+                raise AnsibleFilterError(f"{where}: expires {expires!r} is not an ISO date-time with a zone")
+        names.add(name)
+        doc["keys"][digest] = {"name": name, "class": key["class"], "rpm": key.get("rpm"), "tpm": key.get("tpm"),
+                               "expires": expires}
+    return doc
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
+            "labctl_app_keys_doc": labctl_app_keys_doc,
             "labctl_class_floors": labctl_class_floors,
         }

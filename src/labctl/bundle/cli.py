@@ -178,7 +178,8 @@ def verify(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report on stdout.")] = False,
 ) -> None:
-    """Check the signature, the fingerprint and every file of a bundle."""
+    """Check the signature, the fingerprint and every file of a bundle. Without --fingerprint the
+    signer is not checked (any self-consistent bundle passes), and the output says so."""
     manifest_files = _listed_count(directory)
     reporter = make_reporter()
     with reporter.task(f"verify {directory}", manifest_files, unit="files") as advance:
@@ -186,15 +187,18 @@ def verify(
             str(directory), trusted_fingerprint=fingerprint, on_file=lambda _path, _size: advance(1)
         )
     if as_json:
-        _print_json(report.as_dict())
+        _print_json(report.as_dict() | {"signer_checked": fingerprint is not None})
     else:
         for problem in report.problems:
             typer.echo(problem.message())
         if report.ok:
-            typer.echo(
-                f"ok: {directory} ({report.files_checked} files, {human_size(report.bytes_checked)}, "
-                f"signed by {report.fingerprint})"
-            )
+            # Without --fingerprint any self-consistent bundle passes, whoever signed it: say so.
+            signer = (f"signed by {report.fingerprint}, the expected key" if fingerprint else
+                      f"signed by {report.fingerprint}; the signer was NOT checked: pass --fingerprint with your key's")
+            typer.echo(f"ok: {directory} ({report.files_checked} files, {human_size(report.bytes_checked)}, {signer})")
+            if not fingerprint:
+                typer.echo("warning: the signer was not checked (no --fingerprint): this only proves the bundle is "
+                           "self-consistent", err=True)
         else:
             typer.echo(f"FAILED: {directory}: {len(report.problems)} problem(s)", err=True)
     if not report.ok:

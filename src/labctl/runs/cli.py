@@ -18,6 +18,7 @@ from rich.table import Table
 
 from labctl.ansible_run import stats_data
 from labctl.paths import repo_root
+from labctl.redact import redact_argv
 from labctl.runs.exitcodes import Exit
 from labctl.runs.playbook import RunRequest, execute, print_summary
 from labctl.runs.records import RecordStore
@@ -75,7 +76,7 @@ def _pass_through(extra_vars: list[str] | None, vault_password_files: list[Path]
     return args
 
 
-def _request(command: str, inventory: Path, playbook: Path, limit: str | None, tags: str | None, check: bool,
+def build_request(command: str, inventory: Path, playbook: Path, limit: str | None, tags: str | None, check: bool,
              diff: bool, extra_vars: list[str] | None, json_output: bool, keep_days: float,
              vault_password_files: list[Path] | None = None, verbose: int = 0) -> RunRequest:
     if not inventory.exists():
@@ -84,7 +85,7 @@ def _request(command: str, inventory: Path, playbook: Path, limit: str | None, t
     if not path.is_file():
         raise _fail(f"--playbook {playbook}: no such playbook in {repo_root()}")
     return RunRequest(command=command, playbook=path, inventory=inventory, state_dir=state_dir(),
-                      argv=["labctl", *sys.argv[1:]], limit=limit, tags=tags, check=check, diff=diff,
+                      argv=redact_argv(["labctl", *sys.argv[1:]]), limit=limit, tags=tags, check=check, diff=diff,
                       passthrough=_pass_through(extra_vars, vault_password_files, verbose), json_output=json_output,
                       keep_days=keep_days)
 
@@ -110,7 +111,7 @@ def provision(
     keep_days: KeepDays = 30,
 ) -> None:
     """Run site.yml against an inventory: locked, recorded, exit code per outcome."""
-    request = _request("provision", inventory, playbook, limit, tags, check, diff, extra_vars, json_output, keep_days, vault_password_file, verbose)
+    request = build_request("provision", inventory, playbook, limit, tags, check, diff, extra_vars, json_output, keep_days, vault_password_file, verbose)
     _execute_and_exit(request)
 
 
@@ -127,7 +128,7 @@ def drift(
 ) -> None:
     """Check mode with diff over the site: list each task that would change, per host. Changes
     nothing on the hosts but its own record (labctl_drift.prom). Exit 0: no drift; 5: drift."""
-    request = _request("drift", inventory, playbook, limit, tags, True, True, extra_vars, json_output, keep_days, vault_password_file, verbose)
+    request = build_request("drift", inventory, playbook, limit, tags, True, True, extra_vars, json_output, keep_days, vault_password_file, verbose)
     _execute_and_exit(request)
 
 
@@ -181,7 +182,7 @@ def rolling_restart(
 ) -> None:
     """Restart vLLM replicas one at a time, each serving again before the next (the planned
     weekly restart against memory fragmentation)."""
-    request = _request("rolling-restart", inventory, Path("playbooks/rolling-restart.yml"), limit, None, False, False,
+    request = build_request("rolling-restart", inventory, Path("playbooks/rolling-restart.yml"), limit, None, False, False,
                        extra_vars, json_output, keep_days, vault_password_file, verbose)
     request.extra_vars["labctl_restart_replicas"] = list(replica or [])
     _execute_and_exit(request)
@@ -199,7 +200,7 @@ def patch(
     """Apply a bundle's security updates (labctl bundle build --updates-from) one host at a time:
     replicas drained, apt upgrade, reboot only for a new kernel, services on replaced code
     restarted one by one, then the next host. Give the new bundle with -e lab_bundle_src=DIR."""
-    request = _request("patch", inventory, Path("playbooks/patch.yml"), limit, None, False, False,
+    request = build_request("patch", inventory, Path("playbooks/patch.yml"), limit, None, False, False,
                        extra_vars, json_output, keep_days, vault_password_file, verbose)
     _execute_and_exit(request)
 
@@ -226,7 +227,7 @@ def smoke(
 ) -> None:
     """One request to every replica and through every gateway, one Prometheus query: a
     pass/fail table. Exit 0 when every check passes, 1 otherwise."""
-    request = _request("smoke", inventory, Path("playbooks/smoke.yml"), limit, None, False, False, None, True, 30)
+    request = build_request("smoke", inventory, Path("playbooks/smoke.yml"), limit, None, False, False, None, True, 30)
     request.record_hosts = False
     request.json_output = True
     code, record = execute_quiet(request)

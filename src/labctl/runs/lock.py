@@ -60,8 +60,11 @@ class InventoryLock:
     _handle: IO[str] | None = None
 
     def __enter__(self) -> InventoryLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held until __exit__
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # 0600: the holder's command line (extra variables redacted) is nobody else's business.
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)
+        handle = open(fd, "a+", encoding="utf-8")  # noqa: SIM115 - held until __exit__
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -1,0 +1,133 @@
+"""``labctl keys add|list|revoke|push``: the gateway's application keys (no database needed).
+
+The store is the inventory's ``lab_app_keys_file`` (Ansible says where: playbooks/keys.yml, tag
+``locate``). ``add`` prints the new key once; ``add`` and ``revoke`` then send the hashes to every
+gateway host (``push``: playbooks/keys.yml, under the inventory's lock, recorded like a provision
+run), where they take effect with the next request, without a restart.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from labctl.ansible_run import run_playbook
+from labctl.keys import CLASSES, KeyError_, KeyStore
+from labctl.paths import repo_root
+from labctl.runs import cli as runs_cli
+from labctl.runs.exitcodes import Exit
+from labctl.runs.playbook import execute, print_summary
+
+PLAYBOOK = "playbooks/keys.yml"
+
+keys_app = typer.Typer(help="Application keys of the gateway (per application: class, limits, expiry).",
+                       no_args_is_help=True)
+
+NoPush = Annotated[bool, typer.Option("--no-push", help="Only change the store; send it later with labctl keys push.")]
+
+
+def _fail(message: str, code: Exit = Exit.USAGE) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(int(code))
+
+
+def locate(inventory: Path) -> Path:
+    """The inventory's key store, as Ansible resolves lab_app_keys_file (contacts no host)."""
+    if not inventory.exists():
+        raise _fail(f"--inventory {inventory}: no such file or directory")
+    result = run_playbook(repo_root() / PLAYBOOK, inventory, args=["--tags", "locate"])
+    found = result.data.get("labctl_keys_file")
+    if result.status != "successful" or not found:
+        detail = " / ".join(result.failures) or result.output_tail.splitlines()[-1:] or ["no gateway host"]
+        raise _fail(f"cannot tell where {inventory} keeps its keys: {detail}", Exit.FAILED)
+    path = Path(str(found))
+    if not path.is_absolute():
+        raise _fail(f"lab_app_keys_file {path} is not an absolute path", Exit.USAGE)
+    return path
+
+
+def _push(inventory: Path, json_output: bool) -> int:
+    request = runs_cli.build_request("keys-push", inventory, Path(PLAYBOOK), None, None, False, False, None, json_output, 30)
+    code, record = execute(request)
+    if record is not None:
+        print_summary(record, json_output)
+    return int(code)
+
+
+@keys_app.command("add")
+def add(
+    name: Annotated[str, typer.Argument(help="The application's name (lowercase letters, digits, . _ -).")],
+    inventory: runs_cli.Inventory,
+    key_class: Annotated[str, typer.Option("--class", help=f"Model class it reaches, and so its priority: {' or '.join(CLASSES)}.")],
+    rpm: Annotated[int | None, typer.Option("--rpm", help="Requests per minute (429 beyond).")] = None,
+    tpm: Annotated[int | None, typer.Option("--tpm", help="Tokens per minute (429 beyond).")] = None,
+    expires: Annotated[str | None, typer.Option("--expires", help="YYYY-MM-DD (end of that day, UTC) or an ISO date-time.")] = None,
+    no_push: NoPush = False,
+) -> None:
+    """Make a key for one application; prints it once (it is stored nowhere), then sends its hash."""
+    if key_class not in CLASSES:  # before Ansible is asked anything
+        raise _fail(f"--class {key_class}: no such key class (one of {', '.join(CLASSES)})")
+    store = KeyStore(locate(inventory))
+    try:
+        record, key = store.add(name, key_class, rpm=rpm, tpm=tpm, expires=expires)
+    except KeyError_ as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"key {record.name} ({record.key_class}) made; give it to the application now, it is not shown again:",
+               err=True)
+    typer.echo(key)
+    if no_push:
+        typer.echo("not sent: run labctl keys push -i INVENTORY to make it work", err=True)
+        return
+    raise typer.Exit(_push(inventory, False))
+
+
+@keys_app.command("revoke")
+def revoke(
+    name: Annotated[str, typer.Argument(help="The key's name.")],
+    inventory: runs_cli.Inventory,
+    no_push: NoPush = False,
+) -> None:
+    """Revoke a key: refused (401) from the next request once sent; requests already running finish."""
+    store = KeyStore(locate(inventory))
+    try:
+        store.revoke(name)
+    except KeyError_ as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"key {name} revoked in {store.path}", err=True)
+    if no_push:
+        typer.echo("not sent: it still works until labctl keys push -i INVENTORY", err=True)
+        return
+    raise typer.Exit(_push(inventory, False))
+
+
+@keys_app.command("push")
+def push(inventory: runs_cli.Inventory, json_output: runs_cli.JsonOut = False) -> None:
+    """Send the store's hashes to every gateway host (site.yml does it too)."""
+    raise typer.Exit(_push(inventory, json_output))
+
+
+@keys_app.command("list")
+def list_keys(inventory: runs_cli.Inventory, json_output: runs_cli.JsonOut = False) -> None:
+    """Every key of the store: class, limits, expiry, status. Never the key or its hash."""
+    store = KeyStore(locate(inventory))
+    try:
+        keys = store.load()
+    except KeyError_ as exc:
+        raise _fail(str(exc), Exit.FAILED) from exc
+    now = datetime.now(timezone.utc)
+    rows = [{"name": k.name, "class": k.key_class, "rpm": k.rpm, "tpm": k.tpm, "expires": k.expires,
+             "created": k.created, "revoked": k.revoked, "status": k.status(now)} for k in keys]
+    if json_output:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    table = Table("name", "class", "rpm", "tpm", "expires", "status", title=str(store.path))
+    for row in rows:
+        table.add_row(*(str(row[c]) if row[c] is not None else "-" for c in ("name", "class", "rpm", "tpm", "expires",
+                                                                               "status")))
+    Console().print(table)

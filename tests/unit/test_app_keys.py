@@ -1,0 +1,261 @@
+"""Application keys without a database: the control node's store (labctl.keys), what the litellm
+role sends (labctl_app_keys_doc) and the auth hook that enforces it (labctl_auth.py.j2, LiteLLM
+stood in for; its names are checked against the bundle's wheel below). The run through the real
+proxy is molecule stack's test_stack_keys.py."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import stat
+import sys
+import types
+import zipfile
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from typer.testing import CliRunner
+
+from labctl import keys_cli
+from labctl.cli import app
+from labctl.keys import AppKey, KeyError_, KeyStore, hash_key
+
+from .callback_loader import load_callback
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELS = REPO / "build" / "bundles" / "test" / "wheels"
+sys.path.insert(0, str(REPO / "roles" / "litellm" / "filter_plugins"))
+
+from litellm_filters import labctl_app_keys_doc  # noqa: E402
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+CLASSES = [{"name": "m", "priority": 0, "key_class": "interactive"}, {"name": "m-batch", "priority": 10, "key_class": "batch"}]
+
+
+# --- the store ------------------------------------------------------------------------------------
+
+def test_add_stores_only_the_hash_in_a_private_file(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "secrets" / "app-keys.json")
+    record, key = store.add("notebook", "interactive", rpm=60, now=NOW)
+    text = store.path.read_text()
+    assert key.startswith("sk-lab-") and len(key) > 40
+    assert key not in text and hash_key(key) in text
+    assert record.sha256 == hashlib.sha256(key.encode()).hexdigest()
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(store.path.parent.stat().st_mode) == 0o700
+    assert [k.name for k in store.load()] == ["notebook"]
+    assert json.loads(text)["keys"][0]["class"] == "interactive"
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"name": "Bad Name", "key_class": "batch"}, "key name 'Bad Name'"),
+    ({"name": "app", "key_class": "urgent"}, "--class urgent: no such key class"),
+    ({"name": "app", "key_class": "batch", "rpm": 0}, "--rpm 0"),
+    ({"name": "app", "key_class": "batch", "expires": "2026-12-01"}, "already past"),
+    ({"name": "app", "key_class": "batch", "expires": "next week"}, "--expires next week: not a date"),
+    ({"name": "app", "key_class": "batch", "expires": "2027-01-01T10:00"}, "needs its time zone"),
+])
+def test_bad_input_is_refused_and_changes_nothing(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
+    store = KeyStore(tmp_path / "app-keys.json")
+    store.add("existing", "batch", now=NOW)
+    before = store.path.read_bytes()
+    with pytest.raises(KeyError_, match=message):
+        store.add(now=NOW, **kwargs)
+    assert store.path.read_bytes() == before
+
+
+def test_a_name_is_unique_until_revoked_and_revoking_keeps_the_record(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "app-keys.json")
+    store.add("app", "batch", now=NOW)
+    with pytest.raises(KeyError_, match="key app exists"):
+        store.add("app", "interactive", now=NOW)
+    store.revoke("app", now=NOW)
+    with pytest.raises(KeyError_, match="no key named app"):
+        store.revoke("app", now=NOW)
+    store.add("app", "interactive", now=NOW)
+    states = [(k.key_class, k.status(NOW)) for k in store.load()]
+    assert states == [("batch", "revoked"), ("interactive", "active")]
+
+
+def test_expiry_is_the_end_of_the_day_utc(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "app-keys.json")
+    record, _ = store.add("app", "batch", expires="2026-12-31", now=NOW)
+    assert record.expires == "2026-12-31T23:59:59+00:00"
+    assert record.status(NOW) == "active"
+    assert record.status(datetime(2027, 1, 1, tzinfo=timezone.utc)) == "expired"
+
+
+def test_an_unreadable_store_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "app-keys.json"
+    path.write_text("{not json")
+    with pytest.raises(KeyError_, match=str(path)):
+        KeyStore(path).add("app", "batch", now=NOW)
+    assert path.read_text() == "{not json"
+
+
+# --- what the role sends ----------------------------------------------------------------------------
+
+def _record(name: str = "app", key_class: str = "interactive", **extra: Any) -> dict[str, Any]:
+    return {**AppKey(name=name, key_class=key_class, sha256=hash_key(name), created=NOW.isoformat()).record(), **extra}
+
+
+def test_the_gateway_gets_hashes_of_live_keys_and_the_models_of_each_class() -> None:
+    doc = labctl_app_keys_doc([_record("a", rpm=5), _record("b", "batch", revoked=NOW.isoformat())], CLASSES)
+    assert doc["classes"] == {"interactive": ["m"], "batch": ["m-batch"]}
+    assert doc["keys"] == {hash_key("a"): {"name": "a", "class": "interactive", "rpm": 5, "tpm": None, "expires": None}}
+
+
+@pytest.mark.parametrize(("record", "message"), [
+    (_record(key_class="urgent"), "key app: class 'urgent' does not exist"),
+    (_record(sha256="abc"), "key app: sha256 is not 64"),
+    (_record(rpm=-1), "key app: rpm -1"),
+    (_record(expires="2027-01-01"), "key app: expires '2027-01-01' is not an ISO date-time with a zone"),
+])
+def test_the_role_refuses_a_bad_store_naming_the_key(record: dict[str, Any], message: str) -> None:
+    with pytest.raises(AnsibleFilterError, match=message):
+        labctl_app_keys_doc([record], CLASSES)
+
+
+def test_a_key_given_twice_is_refused() -> None:
+    with pytest.raises(AnsibleFilterError, match="given twice"):
+        labctl_app_keys_doc([_record("a"), _record("a")], CLASSES)
+
+
+# --- the hook ------------------------------------------------------------------------------------
+
+class _HTTPException(Exception):
+    def __init__(self, status_code: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status_code, self.detail = status_code, detail
+
+
+class _Auth:
+    def __init__(self, **kwargs: Any) -> None:
+        self.__dict__.update(kwargs)
+
+
+class _Request:
+    def __init__(self, path: str, body: dict[str, Any] | None = None) -> None:
+        self.url = types.SimpleNamespace(path=path)
+        self.body = body or {}
+
+
+async def _read_body(request: _Request) -> dict[str, Any]:
+    return request.body
+
+
+def _hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Path]:
+    keys_file = tmp_path / "app-keys.json"
+    proxy_server = types.SimpleNamespace(master_key="sk-master")
+    module = load_callback("labctl_auth", tmp_path, monkeypatch, {
+        "fastapi": {"HTTPException": _HTTPException, "Request": _Request},
+        "litellm.constants": {"LITELLM_PROXY_MASTER_KEY_ALIAS": "litellm-proxy-master-key"},
+        "litellm.proxy": {"proxy_server": proxy_server},
+        "litellm.proxy._types": {"LitellmUserRoles": types.SimpleNamespace(PROXY_ADMIN="proxy_admin",
+                                                                            INTERNAL_USER="internal_user"),
+                                 "UserAPIKeyAuth": _Auth},
+        "litellm.proxy.common_utils": {},
+        "litellm.proxy.common_utils.http_parsing_utils": {"read_request_body": _read_body},
+    }, litellm_app_keys_path=str(keys_file))
+    return module, keys_file
+
+
+def _write(path: Path, records: list[dict[str, Any]]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(labctl_app_keys_doc(records, CLASSES)))
+    os.replace(tmp, path)  # as the role writes it: a rename
+
+
+def _call(module: Any, key: str | None, path: str = "/v1/chat/completions", model: str = "m") -> Any:
+    return asyncio.run(module.user_api_key_auth(_Request(path, {"model": model}), key))
+
+
+def _status(module: Any, *args: Any, **kwargs: Any) -> int:
+    try:
+        _call(module, *args, **kwargs)
+    except _HTTPException as exc:
+        return exc.status_code
+    return 200
+
+
+def test_an_application_key_reaches_its_class_with_its_limits_and_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, keys_file = _hook(tmp_path, monkeypatch)
+    _write(keys_file, [_record("notebook", rpm=3, tpm=1000), _record("nightly", "batch")])
+    auth = _call(module, "notebook")
+    assert (auth.key_alias, auth.rpm_limit, auth.tpm_limit, auth.models) == ("notebook", 3, 1000, ["m"])
+    assert auth.api_key == "labctl-app:notebook" and hash_key("notebook") not in repr(auth.__dict__)
+    assert _status(module, "notebook", model="m-batch") == 403
+    assert _status(module, "nightly", model="m-batch") == 200
+    assert _status(module, "nightly", model="m") == 403
+    assert _status(module, "nightly", path="/v1/models") == 200
+    assert _status(module, "nightly", path="/key/generate") == 403
+    assert _status(module, "nightly", path="/metrics") == 403
+
+
+def test_unknown_missing_and_expired_keys_get_401_the_master_key_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, keys_file = _hook(tmp_path, monkeypatch)
+    past = (datetime.now(timezone.utc) - timedelta(minutes=1)).isoformat()
+    _write(keys_file, [_record("old", expires=past)])
+    assert _status(module, "nobody") == 401
+    assert _status(module, "") == 401
+    assert _status(module, None) == 401
+    assert _status(module, "old") == 401
+    assert _call(module, "sk-master", path="/key/generate").user_role == "proxy_admin"
+
+
+def test_a_key_change_takes_effect_with_the_next_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, keys_file = _hook(tmp_path, monkeypatch)
+    assert _status(module, "app") == 401  # no file yet: only the master key
+    _write(keys_file, [_record("app")])
+    assert _status(module, "app") == 200
+    _write(keys_file, [_record("app", revoked=NOW.isoformat()), _record("other", "batch")])
+    assert _status(module, "app") == 401
+    keys_file.write_text("{broken")  # a hand edit gone wrong: the last good set stays
+    assert _status(module, "other", model="m-batch") == 200
+    keys_file.unlink()
+    assert _status(module, "other", model="m-batch") == 401
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+def test_keys_add_prints_the_key_once_and_pushes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store_path = tmp_path / "secrets" / "app-keys.json"
+    pushed: list[Path] = []
+    monkeypatch.setattr(keys_cli, "locate", lambda inventory: store_path)
+    monkeypatch.setattr(keys_cli, "_push", lambda inventory, json_output: pushed.append(inventory) or 0)
+    inventory = tmp_path / "inv"
+    inventory.mkdir()
+    result = CliRunner().invoke(app, ["keys", "add", "notebook", "-i", str(inventory), "--class", "batch", "--rpm", "10"])
+    assert result.exit_code == 0, result.output
+    key = result.stdout.strip().splitlines()[-1]
+    assert key.startswith("sk-lab-") and hash_key(key) in store_path.read_text()
+    assert pushed == [inventory]
+    listed = CliRunner().invoke(app, ["keys", "list", "-i", str(inventory), "--json"])
+    rows = json.loads(listed.stdout)
+    assert rows[0]["name"] == "notebook" and rows[0]["status"] == "active" and "sha256" not in rows[0]
+    assert key not in listed.stdout and hash_key(key) not in listed.stdout
+    bad = CliRunner().invoke(app, ["keys", "add", "x", "-i", str(inventory), "--class", "urgent"])
+    assert bad.exit_code == 2 and "no such key class" in bad.output
+
+
+# --- LiteLLM's names the hook uses --------------------------------------------------------------------
+
+def test_the_hook_uses_names_the_bundled_litellm_has() -> None:
+    wheel = next(WHEELS.glob("litellm-1.106.0-*.whl"), None)
+    if wheel is None:
+        pytest.skip("the test bundle is not built (make bundle-test)")
+    with zipfile.ZipFile(wheel) as archive:
+        parsing = archive.read("litellm/proxy/common_utils/http_parsing_utils.py").decode()
+        types_src = archive.read("litellm/proxy/_types.py").decode()
+        constants = archive.read("litellm/constants.py").decode()
+        auth = archive.read("litellm/proxy/auth/user_api_key_auth.py").decode()
+    assert "async def read_request_body(" in parsing
+    assert "LITELLM_PROXY_MASTER_KEY_ALIAS" in constants
+    for field in ("key_alias", "key_name", "rpm_limit", "tpm_limit", "models", "metadata", "user_role"):
+        assert f"    {field}:" in types_src, field
+    assert "response = await user_custom_auth(request=request, api_key=api_key)" in auth
