@@ -170,13 +170,19 @@ def flush_redis() -> None:
                    check=True, capture_output=True)
 
 
-def render_readiness(drain_dir: Path) -> str:
+def render_template(template: Path, **variables: Any) -> str:
+    """One of the litellm role's callback templates, without its ansible_managed line."""
     import jinja2
 
-    defaults = yaml.safe_load((REPO / "roles" / "litellm" / "defaults" / "main.yml").read_text())
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.filters["to_json"] = json.dumps
-    return env.from_string(READINESS_TEMPLATE.read_text().split("\n", 1)[1]).render(
+    return env.from_string(template.read_text().split("\n", 1)[1]).render(**variables)
+
+
+def render_readiness(drain_dir: Path) -> str:
+    defaults = yaml.safe_load((REPO / "roles" / "litellm" / "defaults" / "main.yml").read_text())
+    return render_template(
+        READINESS_TEMPLATE,
         litellm_readiness_interval=defaults["litellm_readiness_interval"],
         litellm_readiness_timeout=defaults["litellm_readiness_timeout"], __litellm_drain_dir=str(drain_dir))
 
@@ -185,8 +191,8 @@ def start_gateway(cfg: dict[str, Any], workers: int, rundir: Path, admission: Pa
     (rundir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     if admission is not None:  # the role's priority gate, rendered for the bench inventory
         shutil.copyfile(admission, rundir / "labctl_admission.py")
-    # The role's refusal of unknown keys (custom_auth), as the role writes it beside config.yaml.
-    (rundir / "labctl_auth.py").write_text(AUTH_TEMPLATE.read_text().split("\n", 1)[1])
+    # The role's auth hook (custom_auth), as the role writes it beside config.yaml (no application keys).
+    (rundir / "labctl_auth.py").write_text(render_template(AUTH_TEMPLATE, litellm_app_keys_path=str(rundir / "app-keys.json")))
     # The role's readiness routing callback, rendered with the role's defaults (drain markers under rundir).
     (rundir / "labctl_readiness.py").write_text(render_readiness(rundir / "drain"))
     prom = rundir / "prometheus"
@@ -246,7 +252,7 @@ async def run_setting(name: str, cfg: dict[str, Any], workers: int, target: lg.T
         await warm_up(target)
         print(f"[{name}] gateway ready; {len(plan)} requests over {tl.end:.0f} s", flush=True)
         sampler = lg.Sampler({r["served"]: f"http://127.0.0.1:{r['port']}" for r in replicas},
-                             f"http://127.0.0.1:{GATEWAY_PORT}")
+                             f"http://127.0.0.1:{GATEWAY_PORT}", MASTER_KEY)
         results: list[lg.Result] = []
         t0 = time.monotonic()
         sampling = asyncio.create_task(sampler.run(t0))

@@ -195,6 +195,7 @@ class Sampler:
 
     replicas: dict[str, str]  # name -> base URL
     gateway: str
+    gateway_key: str = ""  # bearer for the gateway's /metrics/ (the role's proxy requires one)
     samples: list[dict[str, Any]] = field(default_factory=list)
     stop: bool = False
 
@@ -209,9 +210,9 @@ class Sampler:
                 self.samples.append(row)
                 await asyncio.sleep(max(0.0, period - (time.monotonic() - tick)))
 
-    async def _get(self, session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    async def _get(self, session: aiohttp.ClientSession, url: str, key: str = "") -> tuple[int, str]:
         try:
-            async with session.get(url) as resp:
+            async with session.get(url, headers={"Authorization": f"Bearer {key}"} if key else None) as resp:
                 return resp.status, await resp.text()
         except (aiohttp.ClientError, TimeoutError, ConnectionError):
             return 0, ""
@@ -228,7 +229,7 @@ class Sampler:
         return row
 
     async def _gateway(self, session: aiohttp.ClientSession) -> dict[str, Any]:
-        _, text = await self._get(session, self.gateway + "/metrics/")  # the proxy redirects /metrics
+        _, text = await self._get(session, self.gateway + "/metrics/", self.gateway_key)  # the proxy redirects /metrics
         return gateway_row(text)
 
 

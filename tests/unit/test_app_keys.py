@@ -151,13 +151,15 @@ async def _read_body(request: _Request) -> dict[str, Any]:
 
 def _hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Path]:
     keys_file = tmp_path / "app-keys.json"
+    monkeypatch.setenv("LABCTL_METRICS_KEY", "sk-metrics-prometheus")
     proxy_server = types.SimpleNamespace(master_key="sk-master")
     module = load_callback("labctl_auth", tmp_path, monkeypatch, {
         "fastapi": {"HTTPException": _HTTPException, "Request": _Request},
         "litellm.constants": {"LITELLM_PROXY_MASTER_KEY_ALIAS": "litellm-proxy-master-key"},
         "litellm.proxy": {"proxy_server": proxy_server},
         "litellm.proxy._types": {"LitellmUserRoles": types.SimpleNamespace(PROXY_ADMIN="proxy_admin",
-                                                                            INTERNAL_USER="internal_user"),
+                                                                            INTERNAL_USER="internal_user",
+                                                                            INTERNAL_USER_VIEW_ONLY="internal_user_viewer"),
                                  "UserAPIKeyAuth": _Auth},
         "litellm.proxy.common_utils": {},
         "litellm.proxy.common_utils.http_parsing_utils": {"read_request_body": _read_body},
@@ -221,6 +223,14 @@ def test_a_key_change_takes_effect_with_the_next_request(tmp_path: Path, monkeyp
     assert _status(module, "other", model="m-batch") == 401
 
 
+def test_the_metrics_key_opens_metrics_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, _ = _hook(tmp_path, monkeypatch)
+    assert _call(module, "sk-metrics-prometheus", path="/metrics/").user_role == "internal_user_viewer"
+    assert _status(module, "sk-metrics-prometheus") == 403
+    assert _status(module, "sk-metrics-wrong", path="/metrics/") == 401
+    assert _call(module, "sk-master", path="/metrics/").user_role == "proxy_admin"
+
+
 # --- the command ------------------------------------------------------------------------------------
 
 def test_keys_add_prints_the_key_once_and_pushes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -256,6 +266,7 @@ def test_the_hook_uses_names_the_bundled_litellm_has() -> None:
         auth = archive.read("litellm/proxy/auth/user_api_key_auth.py").decode()
     assert "async def read_request_body(" in parsing
     assert "LITELLM_PROXY_MASTER_KEY_ALIAS" in constants
+    assert 'INTERNAL_USER_VIEW_ONLY = "internal_user_viewer"' in types_src
     for field in ("key_alias", "key_name", "rpm_limit", "tpm_limit", "models", "metadata", "user_role"):
         assert f"    {field}:" in types_src, field
     assert "response = await user_custom_auth(request=request, api_key=api_key)" in auth

@@ -61,10 +61,15 @@ except OSError as e:
 
 
 def _metric_sum(host, url: str, name: str) -> float:
-    """Sum of every sample of one Prometheus metric, read inside the target."""
+    """Sum of every sample of one Prometheus metric, read inside the target (the gateway's with
+    Prometheus's bearer token, which it requires)."""
     code = f"""
 import re, urllib.request
-text = urllib.request.urlopen({url!r}, timeout=30).read().decode()
+headers = {{}}
+if ":4000/" in {url!r}:
+    key = next(l.split("=", 1)[1].strip() for l in open({ENV_FILE!r}) if l.startswith("LABCTL_METRICS_KEY="))
+    headers["Authorization"] = "Bearer " + key
+text = urllib.request.urlopen(urllib.request.Request({url!r}, headers=headers), timeout=30).read().decode()
 print(sum(float(v) for v in re.findall(r'^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$', text, re.M)))
 """
     return float(_py(host, code))
@@ -196,10 +201,17 @@ def test_replicas_listen_on_loopback_only_the_gateway_on_all_addresses(host):
     assert "0.0.0.0:4000" in listening
 
 
-def test_gateway_health_and_metrics_need_no_key(host):
-    for path in ("/health/liveliness", "/health/readiness", "/metrics/"):
+def test_gateway_health_needs_no_key_metrics_the_metrics_key(host):
+    for path in ("/health/liveliness", "/health/readiness"):
         status, text = _http(host, "http://127.0.0.1:4000" + path, key=None)
         assert status == 200, (path, text[:200])
+    # /metrics/: Prometheus's bearer token (or the master key); nothing else, an application's key included.
+    metrics_key = host.check_output(f"sed -n 's/^LABCTL_METRICS_KEY=//p' {ENV_FILE}")
+    assert metrics_key.startswith("sk-metrics-")
+    assert _http(host, "http://127.0.0.1:4000/metrics/", key=None)[0] == 401
+    assert _http(host, "http://127.0.0.1:4000/metrics/", key="sk-metrics-wrong")[0] == 401
+    assert _http(host, "http://127.0.0.1:4000/metrics/", key=metrics_key)[0] == 200
+    assert _http(host, "http://127.0.0.1:4000/v1/models", key=metrics_key)[0] == 403
     # the requests above were counted per deployment, across both workers
     assert _metric_sum(host, "http://127.0.0.1:4000/metrics/", "litellm_deployment_total_requests_total") >= 20
 

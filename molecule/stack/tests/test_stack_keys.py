@@ -114,8 +114,10 @@ def test_a_key_over_its_rpm_gets_429_with_retry_after_across_workers(host, keys)
 
 def test_requests_and_spend_per_key_on_metrics(host, keys):
     _send(host, keys["notebook"], count=2)
-    text = host.check_output("python3 -c %s", "import urllib.request; print(urllib.request.urlopen("
-                             "'http://127.0.0.1:4000/metrics/', timeout=30).read().decode())")
+    metrics_key = host.check_output(f"sed -n 's/^LABCTL_METRICS_KEY=//p' {ENV_FILE}")
+    text = host.check_output("python3 -c %s", "import urllib.request; print(urllib.request.urlopen(urllib.request.Request("
+                             f"'http://127.0.0.1:4000/metrics/', headers={{'Authorization': 'Bearer {metrics_key}'}}),"
+                             " timeout=30).read().decode())")
     for metric in ("litellm_requests_metric_total", "litellm_spend_metric_total"):
         samples = re.findall(rf'^{metric}{{[^}}]*api_key_alias="notebook"[^}}]*}} ([0-9.e+-]+)$', text, re.M)
         assert samples and sum(float(s) for s in samples) > 0, (metric, [l for l in text.splitlines() if metric in l][:5])
