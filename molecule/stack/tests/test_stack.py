@@ -193,6 +193,20 @@ def test_requests_without_the_key_are_refused_and_reach_no_replica(host, key, la
     assert {i: _successes(host, i) for i in REPLICAS} == before
 
 
+def test_the_gateway_unit_is_hardened(host):
+    """systemd's own exposure score of litellm.service (0 best, 10 worst): "OK" at most, and the
+    settings it is built on, in force while the proxy serves (it answered above)."""
+    report = host.run("systemd-analyze security --no-pager litellm.service")
+    score = re.search(r"Overall exposure level for litellm\.service: ([0-9.]+)", report.stdout)
+    assert score, report.stdout[-2000:] + report.stderr
+    _report(litellm_exposure=float(score.group(1)))
+    assert float(score.group(1)) <= 4.0, report.stdout[-3000:]
+    shown = host.check_output("systemctl show litellm -p CapabilityBoundingSet -p SystemCallFilter -p UMask -p ProtectClock"
+                              " -p RestrictNamespaces")
+    assert "CapabilityBoundingSet=\n" in shown + "\n" and "UMask=0027" in shown and "ProtectClock=yes" in shown, shown
+    assert "RestrictNamespaces=yes" in shown and "SystemCallFilter=" in shown and "SystemCallFilter=\n" not in shown + "\n"
+
+
 def test_replicas_listen_on_loopback_only_the_gateway_on_all_addresses(host):
     listening = host.check_output("ss -Hltn")
     for port in (8000, 8001):
