@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -391,15 +390,23 @@ def test_a_second_run_waits_for_the_first(tmp_path: Path, src: Path, dest: Path)
     dest.parent.mkdir(parents=True)
     lock = (dest.parent / ".labctl-stage.lock").open("a+")
     fcntl.flock(lock, fcntl.LOCK_EX)
-    timer = threading.Timer(3.0, lock.close)
-    timer.start()
+    inode = os.fstat(lock.fileno()).st_ino
+    # Released 2 s after the run is seen blocked on the lock (/proc/locks lists waiters with "->"),
+    # not after a fixed time: a loaded machine may take seconds just to start the module.
+    run = subprocess.Popen(_cmd({"src": str(src), "dest": str(dest)}, False), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=_env(tmp_path), cwd=tmp_path)
     try:
-        result = stage(tmp_path, src=str(src), dest=str(dest))
+        deadline = time.monotonic() + 120
+        while not any("->" in line and f":{inode} " in line for line in Path("/proc/locks").read_text().splitlines()):
+            assert run.poll() is None and time.monotonic() < deadline, "the run never waited for the lock"
+            time.sleep(0.05)
+        time.sleep(2.0)
     finally:
-        timer.cancel()
         lock.close()
+    out, err = run.communicate(timeout=300)
+    result = _result(out)
     assert result.get("failed") is not True, result["msg"]
-    assert result["waited_s"] >= 1.5 and "waited" in result["msg"]
+    assert result["waited_s"] >= 1.5 and "waited" in result["msg"], (result, err[-500:])
 
 
 def test_in_place_mode_hashes_a_pushed_tree(tmp_path: Path, src: Path, dest: Path) -> None:
