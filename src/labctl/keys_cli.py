@@ -9,6 +9,8 @@ run), where they take effect with the next request, without a restart.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
@@ -37,8 +39,9 @@ def _fail(message: str, code: Exit = Exit.USAGE) -> typer.Exit:
     return typer.Exit(int(code))
 
 
-def locate(inventory: Path) -> Path:
-    """The inventory's key store, as Ansible resolves lab_app_keys_file (contacts no host)."""
+def locate(inventory: Path) -> tuple[Path, bool]:
+    """The inventory's key store, as Ansible resolves lab_app_keys_file, and whether the gateway
+    runs in database mode (contacts no host)."""
     if not inventory.exists():
         raise _fail(f"--inventory {inventory}: no such file or directory")
     result = run_playbook(repo_root() / PLAYBOOK, inventory, args=["--tags", "locate"])
@@ -49,12 +52,21 @@ def locate(inventory: Path) -> Path:
     path = Path(str(found))
     if not path.is_absolute():
         raise _fail(f"lab_app_keys_file {path} is not an absolute path", Exit.USAGE)
-    return path
+    return path, str(result.data.get("labctl_keys_database_mode", "")).lower() == "true"
 
 
-def _push(inventory: Path, json_output: bool) -> int:
+def _push(inventory: Path, json_output: bool, new_key: tuple[str, str] | None = None) -> int:
+    """playbooks/keys.yml under the lock, recorded. new_key (database mode): name and key, handed to
+    the run in a 0600 file that is deleted afterwards (never in the record or on a command line)."""
     request = runs_cli.build_request("keys-push", inventory, Path(PLAYBOOK), None, None, False, False, None, json_output, 30)
-    code, record = execute(request)
+    with tempfile.TemporaryDirectory(prefix="labctl-key-") as scratch:
+        if new_key is not None:
+            handoff = Path(scratch) / "new-key.json"
+            fd = os.open(handoff, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump({"name": new_key[0], "key": new_key[1]}, handle)
+            request.extra_vars["litellm_app_key_new_file"] = str(handoff)
+        code, record = execute(request)
     if record is not None:
         print_summary(record, json_output)
     return int(code)
@@ -73,7 +85,8 @@ def add(
     """Make a key for one application; prints it once (it is stored nowhere), then sends its hash."""
     if key_class not in CLASSES:  # before Ansible is asked anything
         raise _fail(f"--class {key_class}: no such key class (one of {', '.join(CLASSES)})")
-    store = KeyStore(locate(inventory))
+    path, database_mode = locate(inventory)
+    store = KeyStore(path)
     try:
         record, key = store.add(name, key_class, rpm=rpm, tpm=tpm, expires=expires)
     except KeyError_ as exc:
@@ -82,9 +95,13 @@ def add(
                err=True)
     typer.echo(key)
     if no_push:
-        typer.echo("not sent: run labctl keys push -i INVENTORY to make it work", err=True)
+        if database_mode:
+            typer.echo("database mode: --no-push cannot make the virtual key later (the key is not kept); revoke "
+                       "it and add it again without --no-push", err=True)
+        else:
+            typer.echo("not sent: run labctl keys push -i INVENTORY to make it work", err=True)
         return
-    raise typer.Exit(_push(inventory, False))
+    raise typer.Exit(_push(inventory, False, (record.name, key) if database_mode else None))
 
 
 @keys_app.command("revoke")
@@ -94,7 +111,7 @@ def revoke(
     no_push: NoPush = False,
 ) -> None:
     """Revoke a key: refused (401) from the next request once sent; requests already running finish."""
-    store = KeyStore(locate(inventory))
+    store = KeyStore(locate(inventory)[0])
     try:
         store.revoke(name)
     except KeyError_ as exc:
@@ -115,7 +132,7 @@ def push(inventory: runs_cli.Inventory, json_output: runs_cli.JsonOut = False) -
 @keys_app.command("list")
 def list_keys(inventory: runs_cli.Inventory, json_output: runs_cli.JsonOut = False) -> None:
     """Every key of the store: class, limits, expiry, status. Never the key or its hash."""
-    store = KeyStore(locate(inventory))
+    store = KeyStore(locate(inventory)[0])
     try:
         keys = store.load()
     except KeyError_ as exc:

@@ -236,8 +236,8 @@ def test_the_metrics_key_opens_metrics_only(tmp_path: Path, monkeypatch: pytest.
 def test_keys_add_prints_the_key_once_and_pushes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store_path = tmp_path / "secrets" / "app-keys.json"
     pushed: list[Path] = []
-    monkeypatch.setattr(keys_cli, "locate", lambda inventory: store_path)
-    monkeypatch.setattr(keys_cli, "_push", lambda inventory, json_output: pushed.append(inventory) or 0)
+    monkeypatch.setattr(keys_cli, "locate", lambda inventory: (store_path, False))
+    monkeypatch.setattr(keys_cli, "_push", lambda inventory, json_output, new_key=None: pushed.append(inventory) or 0)
     inventory = tmp_path / "inv"
     inventory.mkdir()
     result = CliRunner().invoke(app, ["keys", "add", "notebook", "-i", str(inventory), "--class", "batch", "--rpm", "10"])

@@ -75,9 +75,52 @@ def labctl_app_keys_doc(keys: list[dict[str, Any]], classes: list[dict[str, Any]
     return doc
 
 
+def labctl_new_key_problem(new: dict[str, Any], keys: list[dict[str, Any]]) -> str:
+    """'' when the key `labctl keys add` handed over (new: name, key) is the store's live key of that
+    name (its sha256 matches), else what is wrong (naming the key, never showing it)."""
+    import hashlib
+
+    name = str(new.get("name", "")) if isinstance(new, dict) else ""
+    record = next((k for k in keys or [] if k.get("name") == name and not k.get("revoked")), None)
+    if record is None:
+        return f"lab_app_keys: no live key named {name!r} in the store for the new key"
+    if hashlib.sha256(str(new.get("key", "")).encode()).hexdigest() != record.get("sha256"):
+        return f"lab_app_keys: key {name}: the new key does not match the store's hash"
+    return ""
+
+
+def labctl_virtual_key_request(new: dict[str, Any], keys: list[dict[str, Any]], classes: list[dict[str, Any]],
+                               now: str | None = None) -> dict[str, Any]:
+    """The /key/generate body for a key `labctl keys add` just made (database mode): the key itself
+    (new: name and key), its store record's class as the models it reaches, its limits, and its
+    expiry as a duration from now. Refuses a key the store does not hold, or whose hash differs."""
+    from datetime import timezone
+
+    problem = labctl_new_key_problem(new, keys)
+    if problem:
+        raise AnsibleFilterError(problem)
+    name = str(new["name"])
+    record = next(k for k in keys if k.get("name") == name and not k.get("revoked"))
+    doc = labctl_app_keys_doc([record], classes)
+    body: dict[str, Any] = {"key": new["key"], "key_alias": name, "models": doc["classes"][record["class"]],
+                            "metadata": {"labctl_key_class": record["class"]}}
+    for limit in ("rpm", "tpm"):
+        if record.get(limit) is not None:
+            body[f"{limit}_limit"] = record[limit]
+    if record.get("expires"):
+        start = datetime.fromisoformat(now) if now else datetime.now(timezone.utc)
+        seconds = int((datetime.fromisoformat(str(record["expires"])) - start).total_seconds())
+        if seconds <= 0:
+            raise AnsibleFilterError(f"lab_app_keys: key {name} expired at {record['expires']}")
+        body["duration"] = f"{seconds}s"
+    return body
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_app_keys_doc": labctl_app_keys_doc,
+            "labctl_new_key_problem": labctl_new_key_problem,
+            "labctl_virtual_key_request": labctl_virtual_key_request,
             "labctl_class_floors": labctl_class_floors,
         }

@@ -1,0 +1,146 @@
+"""Application keys in database mode: the litellm role's keys_database.yml against a stand-in of
+LiteLLM's key API (/key/generate, /key/info, /key/delete with the master key; request shapes from
+litellm 1.106.0's GenerateKeyRequest and KeyRequest). Not run against a real database-mode proxy:
+the test bundle has no Prisma engines (README, "application keys")."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from labctl.keys import KeyStore, hash_key
+
+REPO = Path(__file__).resolve().parents[2]
+MASTER = "sk-master-test"
+
+
+class _KeyAPI(BaseHTTPRequestHandler):
+    db: dict[str, dict[str, Any]] = {}
+    calls: list[tuple[str, str, Any]] = []
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def _answer(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _authorized(self) -> bool:
+        if self.headers.get("Authorization") != f"Bearer {MASTER}":
+            self._answer(401, {"error": "not the master key"})
+            return False
+        return True
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        url = urlparse(self.path)
+        if not self._authorized():
+            return
+        token = parse_qs(url.query).get("key", [""])[0]
+        self.calls.append(("GET", url.path, token))
+        if url.path == "/key/info" and token in self.db:
+            self._answer(200, {"key": token, "info": self.db[token]})
+        else:
+            self._answer(404, {"error": "key not found"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        if not self._authorized():
+            return
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        self.calls.append(("POST", self.path, body))
+        if self.path == "/key/generate":
+            self.db[hash_key(body["key"])] = body
+            self._answer(200, {"key": body["key"], "key_alias": body.get("key_alias")})
+        elif self.path == "/key/delete":
+            for token in body.get("keys", []):
+                self.db.pop(token, None)
+            self._answer(200, {"deleted_keys": body.get("keys", [])})
+        else:
+            self._answer(404, {"error": "no such route"})
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[int, type[_KeyAPI]]]:
+    handler = type("KeyAPI", (_KeyAPI,), {"db": {}, "calls": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], handler
+    server.shutdown()
+
+
+def _run(tmp_path: Path, port: int, keys: list[dict[str, Any]], new_file: str = "") -> subprocess.CompletedProcess[str]:
+    variables = {"litellm_database_mode": True, "litellm_port": port, "litellm_master_key": MASTER,
+                 "litellm_app_keys": keys, "litellm_app_key_new_file": new_file,
+                 "litellm_model_classes": [{"name": "m", "priority": 0, "key_class": "interactive"},
+                                           {"name": "m-batch", "priority": 10, "key_class": "batch"}]}
+    (tmp_path / "vars.json").write_text(json.dumps(variables))
+    playbook = tmp_path / "play.yml"
+    playbook.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                        "    - ansible.builtin.import_role: {name: litellm, tasks_from: keys_database.yml}\n")
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(REPO / "roles"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
+    return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-v", str(playbook), "-e", f"@{tmp_path / 'vars.json'}",
+                           "-e", f"ansible_python_interpreter={sys.executable}"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300, check=False)
+
+
+def test_a_new_key_becomes_a_virtual_key_and_revoked_ones_are_deleted(tmp_path: Path, api: tuple[int, Any]) -> None:
+    port, handler = api
+    store = KeyStore(tmp_path / "secrets" / "app-keys.json")
+    old, old_key = store.add("old", "batch")
+    store.revoke("old")
+    handler.db[old.sha256] = {"key_alias": "old"}  # made earlier, now revoked
+    expires = (datetime.now(timezone.utc) + timedelta(days=10)).date().isoformat()
+    record, key = store.add("notebook", "interactive", rpm=60, expires=expires)
+    handoff = tmp_path / "new-key.json"
+    handoff.write_text(json.dumps({"name": "notebook", "key": key}))
+    keys = [k.record() for k in store.load()]
+
+    first = _run(tmp_path, port, keys, str(handoff))
+    assert first.returncode == 0, first.stdout[-3000:]
+    generate = [c[2] for c in handler.calls if c[1] == "/key/generate"]
+    assert len(generate) == 1
+    body = generate[0]
+    assert body["key"] == key and body["key_alias"] == "notebook" and body["models"] == ["m"]
+    assert body["rpm_limit"] == 60 and "tpm_limit" not in body
+    assert body["metadata"] == {"labctl_key_class": "interactive"}
+    assert 9 * 86400 < int(body["duration"].rstrip("s")) <= 11 * 86400
+    assert [c[2] for c in handler.calls if c[1] == "/key/delete"] == [{"keys": [old.sha256]}]
+    assert set(handler.db) == {record.sha256}
+    assert "changed=2" in first.stdout
+    # No key and no hash in -v output.
+    assert key not in first.stdout + first.stderr and old_key not in first.stdout
+    assert record.sha256 not in first.stdout and old.sha256 not in first.stdout
+
+    handler.calls.clear()
+    second = _run(tmp_path, port, keys)
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert "changed=0" in second.stdout
+    assert not [c for c in handler.calls if c[0] == "POST"]
+
+
+def test_a_new_key_the_store_does_not_hold_is_refused(tmp_path: Path, api: tuple[int, Any]) -> None:
+    port, handler = api
+    store = KeyStore(tmp_path / "app-keys.json")
+    store.add("notebook", "interactive")
+    handoff = tmp_path / "new-key.json"
+    handoff.write_text(json.dumps({"name": "notebook", "key": "sk-lab-something-else"}))
+    run = _run(tmp_path, port, [k.record() for k in store.load()], str(handoff))
+    assert run.returncode != 0
+    assert "does not match the store's hash" in run.stdout + run.stderr
+    assert not [c for c in handler.calls if c[0] == "POST"]
