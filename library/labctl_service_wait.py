@@ -25,6 +25,9 @@ options:
     description: Base URL, e.g. C(http://127.0.0.1:8000).
     type: str
     required: true
+  ca_file:
+    description: CA certificate that must have signed an https O(url)'s certificate (else the system's).
+    type: path
   paths:
     description: Paths that must answer 200, in order.
     type: list
@@ -64,6 +67,7 @@ pid:
 """
 
 import json
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -91,19 +95,19 @@ def journal(unit):
     return errors, lines[-8:]
 
 
-def get(url, timeout):
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (the service's own URL)
+def get(url, timeout, context=None):
+    with urllib.request.urlopen(url, timeout=timeout, context=context) as response:  # noqa: S310 (the service's own URL)
         return response.status, response.read()
 
 
-def probe(params):
+def probe(params, context=None):
     """None when healthy, else what is missing."""
     for path in params["paths"]:
-        status, _ = get(params["url"] + path, 10)
+        status, _ = get(params["url"] + path, 10, context)
         if status != 200:
             return f"{path} answered {status}"
     if params["model_name"]:
-        _, body = get(params["url"] + "/v1/models", 10)
+        _, body = get(params["url"] + "/v1/models", 10, context)
         names = [model.get("id") for model in json.loads(body).get("data", [])]
         if params["model_name"] not in names:
             return f"/v1/models lists {names}, not {params['model_name']}"
@@ -116,6 +120,7 @@ def main():
             "unit": {"type": "str", "required": True},
             "url": {"type": "str", "required": True},
             "paths": {"type": "list", "elements": "str", "default": ["/health"]},
+            "ca_file": {"type": "path"},
             "model_name": {"type": "str"},
             "timeout": {"type": "int", "default": 1200},
             "interval": {"type": "float", "default": 5},
@@ -126,6 +131,8 @@ def main():
     unit = params["unit"]
     if module.check_mode:
         module.exit_json(changed=False, skipped=True, msg="check mode: not waiting")
+    # https: the certificate must chain to ca_file and carry the URL's host name (or address).
+    context = ssl.create_default_context(cafile=params["ca_file"]) if params["ca_file"] else None
     started = time.monotonic()
     _, restarts, _ = unit_state(unit)
     last = "no answer yet"
@@ -139,7 +146,7 @@ def main():
                 journal_errors=errors, journal_tail=tail,
             )
         try:
-            missing = probe(params)
+            missing = probe(params, context)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             missing = str(exc)
         if missing is None:

@@ -47,9 +47,10 @@ case "${1:-}" in
     x "systemctl --no-pager --plain list-units 'vllm@*' litellm.service redis-server.service 'postgresql@*' --no-legend | cut -c1-100"
     x "ss -Hltn | awk '{print \$4}' | grep -E ':(800[0-9]|4000|5432|6379)\$' | sort -u | tr '\n' ' '; echo"
     echo
-    echo "== a request through the gateway (inside the sandbox; the key is in /etc/labctl/litellm/litellm.env) =="
+    echo "== a request through the gateway over HTTPS (inside the sandbox; the key is in /etc/labctl/litellm/litellm.env,"
+    echo "   the lab CA clients trust in /etc/labctl/tls/ca.crt) =="
     # shellcheck disable=SC2016  # expanded inside the sandbox
-    cmd='curl -s http://127.0.0.1:4000/v1/chat/completions -H "Authorization: Bearer $LITELLM_MASTER_KEY" -H "Content-Type: application/json" -d '"'"'{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}'"'"
+    cmd='curl -s --cacert /etc/labctl/tls/ca.crt https://127.0.0.1:4000/v1/chat/completions -H "Authorization: Bearer $LITELLM_MASTER_KEY" -H "Content-Type: application/json" -d '"'"'{"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16}'"'"
     echo "\$ $cmd"
     x "set -a; . /etc/labctl/litellm/litellm.env; $cmd | jq ."
     echo

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 
 def chat_codes_script(env_file: str, model: str, n: int, max_tokens: int = 8, stream: bool = False,
-                      timeout: int = 120, url: str = "http://127.0.0.1:4000/v1/chat/completions") -> str:
+                      timeout: int = 120, url: str = "https://127.0.0.1:4000/v1/chat/completions",
+                      ca_file: str = "/etc/labctl/tls/ca.crt") -> str:
     """A script that sends `n` chat completions one after the other and prints their HTTP status
     codes as a JSON list (an HTTP error is a code, not an exception)."""
     return f"""
-import json, urllib.request, urllib.error
+import json, ssl, urllib.request, urllib.error
+ctx = ssl.create_default_context(cafile={ca_file!r}) if {url!r}.startswith("https") else None
 key = next(l.split("=", 1)[1].strip() for l in open({env_file!r}) if l.startswith("LITELLM_MASTER_KEY="))
 codes = []
 for i in range({n}):
@@ -24,7 +26,7 @@ for i in range({n}):
     req = urllib.request.Request({url!r}, data=body,
                                  headers={{"Content-Type": "application/json", "Authorization": "Bearer " + key}})
     try:
-        with urllib.request.urlopen(req, timeout={timeout}) as r:
+        with urllib.request.urlopen(req, timeout={timeout}, context=ctx) as r:
             r.read(); codes.append(r.status)
     except urllib.error.HTTPError as e:
         codes.append(e.code)

@@ -84,7 +84,7 @@ def api() -> Iterator[tuple[int, type[_KeyAPI]]]:
 
 
 def _run(tmp_path: Path, port: int, keys: list[dict[str, Any]], new_file: str = "") -> subprocess.CompletedProcess[str]:
-    variables = {"litellm_database_mode": True, "litellm_port": port, "litellm_master_key": MASTER,
+    variables = {"litellm_database_mode": True, "litellm_tls_enabled": False, "litellm_port": port, "litellm_master_key": MASTER,
                  "litellm_app_keys": keys, "litellm_app_key_new_file": new_file,
                  "litellm_model_classes": [{"name": "m", "priority": 0, "key_class": "interactive"},
                                            {"name": "m-batch", "priority": 10, "key_class": "batch"}]}

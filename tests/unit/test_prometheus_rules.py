@@ -40,7 +40,7 @@ ALERTS = {
     "VllmReplicaDown", "VllmRequestsWaiting", "VllmKvCacheHigh", "GpuTemperatureHigh", "GpuXidError",
     "GpuMetricsMissing", "ModelDiskNearlyFull", "LitellmFailureRateHigh", "LitellmDown",
     "ProvisioningRunFailed", "ProvisioningDriftDetected", "ProvisioningRunStale", "NodeExporterDown",
-    "PrometheusTargetDown",
+    "PrometheusTargetDown", "TlsCertificateExpiresSoon",
 }
 
 

@@ -8,6 +8,7 @@ usage: traffic.py LITELLM_ENV_FILE MODEL STOP_FILE OUT_FILE SENDERS
 """
 import json
 import os
+import ssl
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ import urllib.request
 
 key_file, model, stop_file, out_file, senders = sys.argv[1:]
 key = next(line.split("=", 1)[1].strip() for line in open(key_file) if line.startswith("LITELLM_MASTER_KEY="))
+CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")  # the lab CA (roles/tls)
 requests = []
 lock = threading.Lock()
 
@@ -24,12 +26,12 @@ def send(sender):
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}).encode()
     while not os.path.exists(stop_file):
         request = urllib.request.Request(
-            "http://127.0.0.1:4000/v1/chat/completions", data=body,
+            "https://127.0.0.1:4000/v1/chat/completions", data=body,
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
         )
         start = time.time()
         try:
-            with urllib.request.urlopen(request, timeout=300) as response:
+            with urllib.request.urlopen(request, timeout=300, context=CTX) as response:
                 response.read()
                 outcome = "ok"
         except urllib.error.HTTPError as exc:

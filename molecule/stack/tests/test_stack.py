@@ -17,6 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 ENV_FILE = "/etc/labctl/litellm/litellm.env"
+CA_FILE = "/etc/labctl/tls/ca.crt"  # the lab CA the gateway's certificate chains to (roles/tls)
 REPLICAS = {0: "http://127.0.0.1:8000", 1: "http://127.0.0.1:8001"}
 PUBLIC = "tiny-llama"
 REPORT = REPO / "build" / "reports" / "stack.json"
@@ -38,7 +39,8 @@ def _py(host, code: str) -> str:
 
 def _http(host, url: str, body: dict | None = None, key: str | None = "master", timeout: int = 120) -> tuple[int, str]:
     code = f"""
-import json, urllib.request, urllib.error
+import json, ssl, urllib.request, urllib.error
+ctx = ssl.create_default_context(cafile={CA_FILE!r}) if {url!r}.startswith("https") else None
 headers = {{"Content-Type": "application/json"}}
 key = {key!r}
 if key == "master":
@@ -48,11 +50,11 @@ if key:
 data = json.dumps({body!r}).encode() if {body!r} is not None else None
 req = urllib.request.Request({url!r}, data=data, headers=headers)
 try:
-    with urllib.request.urlopen(req, timeout={timeout}) as r:
+    with urllib.request.urlopen(req, timeout={timeout}, context=ctx) as r:
         print(r.status); print(r.read().decode()[:4000])
 except urllib.error.HTTPError as e:
     print(e.code); print(e.read().decode()[:4000])
-except OSError as e:
+except Exception as e:  # no HTTP answer at all (refused, reset, not TLS): status 0
     print(0); print(repr(e))
 """
     out = _py(host, code)
@@ -64,12 +66,13 @@ def _metric_sum(host, url: str, name: str) -> float:
     """Sum of every sample of one Prometheus metric, read inside the target (the gateway's with
     Prometheus's bearer token, which it requires)."""
     code = f"""
-import re, urllib.request
+import re, ssl, urllib.request
 headers = {{}}
+ctx = ssl.create_default_context(cafile={CA_FILE!r}) if {url!r}.startswith("https") else None
 if ":4000/" in {url!r}:
     key = next(l.split("=", 1)[1].strip() for l in open({ENV_FILE!r}) if l.startswith("LABCTL_METRICS_KEY="))
     headers["Authorization"] = "Bearer " + key
-text = urllib.request.urlopen(urllib.request.Request({url!r}, headers=headers), timeout=30).read().decode()
+text = urllib.request.urlopen(urllib.request.Request({url!r}, headers=headers), timeout=30, context=ctx).read().decode()
 print(sum(float(v) for v in re.findall(r'^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$', text, re.M)))
 """
     return float(_py(host, code))
@@ -169,7 +172,7 @@ def test_twenty_requests_through_the_gateway_reach_both_replicas(host):
     for n in range(20):
         body = _chat() if n % 2 else {"model": PUBLIC, "prompt": "Once upon a time", "max_tokens": 8}
         path = "/v1/chat/completions" if n % 2 else "/v1/completions"
-        status, text = _http(host, "http://127.0.0.1:4000" + path, body)
+        status, text = _http(host, "https://127.0.0.1:4000" + path, body)
         assert status == 200, text
     after = {i: _successes(host, i) for i in REPLICAS}
     grown = {i: after[i] - before[i] for i in REPLICAS}
@@ -178,7 +181,7 @@ def test_twenty_requests_through_the_gateway_reach_both_replicas(host):
 
 
 def test_batch_class_reaches_the_replicas_with_its_priority(host):
-    status, text = _http(host, "http://127.0.0.1:4000/v1/chat/completions", _chat(PUBLIC + "-batch"))
+    status, text = _http(host, "https://127.0.0.1:4000/v1/chat/completions", _chat(PUBLIC + "-batch"))
     assert status == 200, text
     config = host.file("/etc/labctl/litellm/config.yaml").content_string
     assert "extra_body: {priority: 10}" in config and "extra_body: {priority: 0}" in config
@@ -188,9 +191,31 @@ def test_batch_class_reaches_the_replicas_with_its_priority(host):
 @pytest.mark.parametrize(("key", "label"), [(None, "no key"), ("sk-wrong-key", "wrong key")])
 def test_requests_without_the_key_are_refused_and_reach_no_replica(host, key, label):
     before = {i: _successes(host, i) for i in REPLICAS}
-    status, text = _http(host, "http://127.0.0.1:4000/v1/chat/completions", _chat(), key=key)
+    status, text = _http(host, "https://127.0.0.1:4000/v1/chat/completions", _chat(), key=key)
     assert status == 401, f"{label}: {status} {text}"
     assert {i: _successes(host, i) for i in REPLICAS} == before
+
+
+def test_the_gateway_speaks_https_only_with_the_lab_ca(host):
+    """HTTPS with the lab CA's certificate (roles/tls): trusted with the CA file clients are given,
+    not by the system's store; plain HTTP on the port gets no answer; the key is the host's only
+    (0640 root:labctl-tls), the CA's key never left the control node."""
+    assert _http(host, "https://127.0.0.1:4000/health/liveliness", key=None)[0] == 200
+    plain = _http(host, "http://127.0.0.1:4000/health/liveliness", key=None)
+    assert plain[0] != 200, plain
+    untrusted = _py(host, "import ssl, urllib.request\ntry:\n    urllib.request.urlopen('https://127.0.0.1:4000/health/liveliness', "
+                          "timeout=10)\nexcept Exception as e:\n    print(type(e).__name__, e)\nelse:\n    print('trusted')")
+    assert "CERTIFICATE_VERIFY_FAILED" in untrusted, untrusted
+    names = host.check_output("openssl x509 -in /etc/labctl/tls/server.crt -noout -ext subjectAltName -enddate -issuer")
+    assert "IP Address:127.0.0.1" in names and "DNS:localhost" in names and "labctl lab CA" in names, names
+    key = host.file("/etc/labctl/tls/server.key")
+    assert (key.user, key.group, key.mode) == ("root", "labctl-tls", 0o640)
+    assert host.run("find / -xdev -name 'ca.key' -path '*tls*' 2>/dev/null").stdout.strip() == ""
+    ca_key = Path.home() / ".local" / "share" / "labctl" / "secrets" / "inventory" / "tls" / "ca.key"
+    assert oct(ca_key.stat().st_mode & 0o777) == "0o600"
+    metric = host.file("/var/lib/prometheus/node-exporter/labctl_tls.prom").content_string
+    expiry = float(re.search(r'^labctl_tls_cert_not_after_timestamp_seconds\{[^}]*source="lab-ca"\} (\d+)$', metric, re.M).group(1))
+    assert 390 * 86400 < expiry - time.time() < 398 * 86400, metric
 
 
 def test_the_gateway_unit_is_hardened(host):
@@ -217,17 +242,17 @@ def test_replicas_listen_on_loopback_only_the_gateway_on_all_addresses(host):
 
 def test_gateway_health_needs_no_key_metrics_the_metrics_key(host):
     for path in ("/health/liveliness", "/health/readiness"):
-        status, text = _http(host, "http://127.0.0.1:4000" + path, key=None)
+        status, text = _http(host, "https://127.0.0.1:4000" + path, key=None)
         assert status == 200, (path, text[:200])
     # /metrics/: Prometheus's bearer token (or the master key); nothing else, an application's key included.
     metrics_key = host.check_output(f"sed -n 's/^LABCTL_METRICS_KEY=//p' {ENV_FILE}")
     assert metrics_key.startswith("sk-metrics-")
-    assert _http(host, "http://127.0.0.1:4000/metrics/", key=None)[0] == 401
-    assert _http(host, "http://127.0.0.1:4000/metrics/", key="sk-metrics-wrong")[0] == 401
-    assert _http(host, "http://127.0.0.1:4000/metrics/", key=metrics_key)[0] == 200
-    assert _http(host, "http://127.0.0.1:4000/v1/models", key=metrics_key)[0] == 403
+    assert _http(host, "https://127.0.0.1:4000/metrics/", key=None)[0] == 401
+    assert _http(host, "https://127.0.0.1:4000/metrics/", key="sk-metrics-wrong")[0] == 401
+    assert _http(host, "https://127.0.0.1:4000/metrics/", key=metrics_key)[0] == 200
+    assert _http(host, "https://127.0.0.1:4000/v1/models", key=metrics_key)[0] == 403
     # the requests above were counted per deployment, across both workers
-    assert _metric_sum(host, "http://127.0.0.1:4000/metrics/", "litellm_deployment_total_requests_total") >= 20
+    assert _metric_sum(host, "https://127.0.0.1:4000/metrics/", "litellm_deployment_total_requests_total") >= 20
 
 
 def test_postgres_and_redis_answer(host):
@@ -392,7 +417,7 @@ def test_a_loading_replica_gets_no_request(host):
         outcomes = []
         for n in range(8):
             started = time.monotonic()
-            status, text = _http(host, "http://127.0.0.1:4000/v1/chat/completions", _chat(), timeout=20)
+            status, text = _http(host, "https://127.0.0.1:4000/v1/chat/completions", _chat(), timeout=20)
             outcomes.append((status, round(time.monotonic() - started, 1), text[:200]))
         served_by_0 = _successes(host, 0) - before
     finally:

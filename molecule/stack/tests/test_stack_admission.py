@@ -19,7 +19,8 @@ LATE = 6  # interactive requests and batch latecomers each
 FLOOD_TOKENS = 480  # the tiny model: ~0.1 s for 48 tokens alone; the flood must outlast the test (max_model_len 512)
 
 SCRIPT = """
-import json, sys, threading, time, urllib.error, urllib.request
+import json, ssl, sys, threading, time, urllib.error, urllib.request
+CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")  # the lab CA (roles/tls)
 env_file, public, flood, flood_tokens, LATE = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 key = next(l.split("=", 1)[1].strip() for l in open(env_file) if l.startswith("LITELLM_MASTER_KEY="))
 results = {}
@@ -27,11 +28,11 @@ results = {}
 def chat(tag, model, max_tokens):
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "count " + tag}],
                        "max_tokens": max_tokens}).encode()
-    req = urllib.request.Request("http://127.0.0.1:4000/v1/chat/completions", data=body,
+    req = urllib.request.Request("https://127.0.0.1:4000/v1/chat/completions", data=body,
                                  headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
     start = time.time()
     try:
-        with urllib.request.urlopen(req, timeout=600) as r:
+        with urllib.request.urlopen(req, timeout=600, context=CTX) as r:
             r.read(); code = r.status
     except urllib.error.HTTPError as e:
         code = e.code

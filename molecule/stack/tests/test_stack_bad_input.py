@@ -118,7 +118,7 @@ def _bundle(mutate: Callable[[Path], None]) -> Iterator[list[str]]:
 class Run:
     """One site.yml run with several bad inputs: preflight, like the bundle verification, reports
     every problem it finds at once, and any one of them stops the run. So each cause's test checks
-    its own message in a shared run; three runs cover the eight causes."""
+    its own message in a shared run; three runs cover the eleven causes."""
 
     extra: list[str]
     # The task that stops the run: preflight's, or the bundle verification on the control node.
@@ -127,11 +127,41 @@ class Run:
     full_disk: bool = False
 
 
+def _bad_tls_files() -> list[str]:
+    """The lab's "own" certificate, gone wrong twice over: expired yesterday, and the key given is
+    another key (control-node files, made with the cryptography library labctl's venv has)."""
+    from datetime import datetime, timedelta, timezone
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    where = Path(tempfile.mkdtemp(prefix="bad-tls-"))
+    now = datetime.now(timezone.utc)
+    ca_key, key, other = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bad-input test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now - timedelta(days=30)).not_valid_after(now + timedelta(days=30))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True).sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "labctl-stack")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+            .not_valid_before(now - timedelta(days=20)).not_valid_after(now - timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("labctl-stack")]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    (where / "ca.crt").write_bytes(ca.public_bytes(pem))
+    (where / "server.crt").write_bytes(cert.public_bytes(pem))
+    (where / "other.key").write_bytes(other.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return ["-e", f"lab_tls_cert_file={where / 'server.crt'}", "-e", f"lab_tls_key_file={where / 'other.key'}",
+            "-e", f"lab_tls_ca_file={where / 'ca.crt'}"]
+
+
 PREFLIGHT = "preflight : Stop on any problem"
 RUNS = {
     # Variables, GPUs, ports, disk and a well-signed bundle with a wrong tokenizer file.
     "preflight": Run(["-e", "vllm_replica_count=3", "-e", "vlm_max_model_len=256", "-e", "lab_vllm_replicas=3", "-e", "lab_litellm_port=8001",
-                      "-e", f"lab_model_root={FULL}/models", "-e", "preflight_disk_headroom_gib=0"],
+                      "-e", f"lab_model_root={FULL}/models", "-e", "preflight_disk_headroom_gib=0", *_bad_tls_files()],
                      PREFLIGHT, bundle=_wrong_tiktoken, full_disk=True),
     # A well-signed bundle without the model (its own run: with no model the disk check has nothing to size).
     "no-model": Run([], PREFLIGHT, bundle=_without_model),
@@ -146,6 +176,8 @@ CASES = {
     "replicas-above-gpus": ("preflight", ["lab_vllm_replicas=3 x lab_vllm_tensor_parallel_size=1 needs 3 GPUs, but the host has 2"]),
     "duplicate-ports": ("preflight", ["port clash: vLLM replica 1 (lab_vllm_base_port+1) and lab_litellm_port all use port 8001"]),
     "full-disk": ("preflight", [f"free space on {FULL} for lab_model_root={FULL}/models is 1.0 MiB; tiny-llama r1 still needs 1.3 MiB"]),
+    "tls-key-not-the-certificates": ("preflight", ["other.key is not the key of lab_tls_cert_file "]),
+    "tls-expired-certificate": ("preflight", ["server.crt expired on "]),
     "wrong-tiktoken": ("preflight", ["has a wrong tiktoken/o200k_base.tiktoken: sha256 223921b7", "openai-harmony expects 446a9538"]),
     "bundle-without-the-model": ("no-model", ["has no model tiny-llama revision r1 (lab_model_name, lab_model_revision): it carries no model at all"]),
     "tampered-bundle": ("verify", ["failed verification (2 problem(s))", "modified: apt/pool/", ".deb (sha256 expected "]),

@@ -21,17 +21,18 @@ STORE = Path.home() / ".local" / "share" / "labctl" / "secrets" / "inventory" / 
 # Inside the target: requests with one key; prints per request its start, end, status, Retry-After
 # and (streamed) whether it ended with [DONE]. Loops until STOP exists when LOOP is set.
 _SEND = r"""
-import json, os, sys, threading, time, urllib.error, urllib.request
+import json, os, ssl, sys, threading, time, urllib.error, urllib.request
+CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")  # the lab CA (roles/tls)
 key, model, count, stream, max_tokens, stop, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5]), sys.argv[6], int(sys.argv[7])
 out = []
 def one():
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "count to fifty"}], "max_tokens": max_tokens,
                        "stream": stream}).encode()
-    req = urllib.request.Request("http://127.0.0.1:4000/v1/chat/completions", data=body,
+    req = urllib.request.Request("https://127.0.0.1:4000/v1/chat/completions", data=body,
                                  headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
     start = time.time(); done = None; retry = None
     try:
-        with urllib.request.urlopen(req, timeout=120) as r:
+        with urllib.request.urlopen(req, timeout=120, context=CTX) as r:
             text = r.read().decode(errors="replace"); code = r.status
         if stream:
             events = [l[6:] for l in text.splitlines() if l.startswith("data: ")]
@@ -115,9 +116,9 @@ def test_a_key_over_its_rpm_gets_429_with_retry_after_across_workers(host, keys)
 def test_requests_and_spend_per_key_on_metrics(host, keys):
     _send(host, keys["notebook"], count=2)
     metrics_key = host.check_output(f"sed -n 's/^LABCTL_METRICS_KEY=//p' {ENV_FILE}")
-    text = host.check_output("python3 -c %s", "import urllib.request; print(urllib.request.urlopen(urllib.request.Request("
-                             f"'http://127.0.0.1:4000/metrics/', headers={{'Authorization': 'Bearer {metrics_key}'}}),"
-                             " timeout=30).read().decode())")
+    text = host.check_output("python3 -c %s", "import ssl, urllib.request; print(urllib.request.urlopen(urllib.request.Request("
+                             f"'https://127.0.0.1:4000/metrics/', headers={{'Authorization': 'Bearer {metrics_key}'}}),"
+                             " timeout=30, context=ssl.create_default_context(cafile='/etc/labctl/tls/ca.crt')).read().decode())")
     for metric in ("litellm_requests_metric_total", "litellm_spend_metric_total"):
         samples = re.findall(rf'^{metric}{{[^}}]*api_key_alias="notebook"[^}}]*}} ([0-9.e+-]+)$', text, re.M)
         assert samples and sum(float(s) for s in samples) > 0, (metric, [l for l in text.splitlines() if metric in l][:5])

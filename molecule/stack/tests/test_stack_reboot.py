@@ -65,15 +65,15 @@ def _gateway_answers(host, deadline: float) -> tuple[float, int, str]:
     """Poll a chat request through the gateway until it returns 200 or the deadline passes:
     (time of the answer, status, body)."""
     code = f"""
-import json, time, urllib.request, urllib.error
+import json, ssl, time, urllib.request, urllib.error
 key = next(l.split("=", 1)[1].strip() for l in open({ENV_FILE!r}) if l.startswith("LITELLM_MASTER_KEY="))
 body = json.dumps({_chat()!r}).encode()
 status, text = 0, ""
 while time.time() < {deadline}:
-    req = urllib.request.Request("http://127.0.0.1:4000/v1/chat/completions", data=body,
+    req = urllib.request.Request("https://127.0.0.1:4000/v1/chat/completions", data=body,
                                  headers={{"Content-Type": "application/json", "Authorization": "Bearer " + key}})
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=60, context=ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")) as r:
             status, text = r.status, r.read().decode()
         break
     except urllib.error.HTTPError as e:

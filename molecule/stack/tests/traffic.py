@@ -9,6 +9,7 @@ usage: traffic.py LITELLM_ENV_FILE MODEL STOP_FILE OUT_FILE REPLICA_URL...
 """
 import json
 import os
+import ssl
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ import urllib.request
 
 key_file, model, stop_file, out_file, *replicas = sys.argv[1:]
 key = next(line.split("=", 1)[1].strip() for line in open(key_file) if line.startswith("LITELLM_MASTER_KEY="))
+CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")  # the lab CA (roles/tls)
 results = {"ok": 0, "ok_streamed": 0, "failed": [], "health": [], "both_down": 0, "started": time.time()}
 
 
@@ -24,10 +26,10 @@ def one(stream):
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
                        "stream": stream}).encode()
     request = urllib.request.Request(
-        "http://127.0.0.1:4000/v1/chat/completions", data=body,
+        "https://127.0.0.1:4000/v1/chat/completions", data=body,
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
     )
-    with urllib.request.urlopen(request, timeout=120) as response:
+    with urllib.request.urlopen(request, timeout=120, context=CTX) as response:
         text = response.read().decode(errors="replace")
     if stream:
         events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
