@@ -118,7 +118,7 @@ def _bundle(mutate: Callable[[Path], None]) -> Iterator[list[str]]:
 class Run:
     """One site.yml run with several bad inputs: preflight, like the bundle verification, reports
     every problem it finds at once, and any one of them stops the run. So each cause's test checks
-    its own message in a shared run; three runs cover the eleven causes."""
+    its own message in a shared run; three runs cover the twelve causes."""
 
     extra: list[str]
     # The task that stops the run: preflight's, or the bundle verification on the control node.
@@ -161,7 +161,8 @@ PREFLIGHT = "preflight : Stop on any problem"
 RUNS = {
     # Variables, GPUs, ports, disk and a well-signed bundle with a wrong tokenizer file.
     "preflight": Run(["-e", "vllm_replica_count=3", "-e", "vlm_max_model_len=256", "-e", "lab_vllm_replicas=3", "-e", "lab_litellm_port=8001",
-                      "-e", f"lab_model_root={FULL}/models", "-e", "preflight_disk_headroom_gib=0", *_bad_tls_files()],
+                      "-e", f"lab_model_root={FULL}/models", "-e", "preflight_disk_headroom_gib=0", *_bad_tls_files(),
+                      "-e", json.dumps({"lab_app_keys": [{"name": "notebook", "class": "urgent", "sha256": "0" * 64}]})],
                      PREFLIGHT, bundle=_wrong_tiktoken, full_disk=True),
     # A well-signed bundle without the model (its own run: with no model the disk check has nothing to size).
     "no-model": Run([], PREFLIGHT, bundle=_without_model),
@@ -178,6 +179,7 @@ CASES = {
     "full-disk": ("preflight", [f"free space on {FULL} for lab_model_root={FULL}/models is 1.0 MiB; tiny-llama r1 still needs 1.3 MiB"]),
     "tls-key-not-the-certificates": ("preflight", ["other.key is not the key of lab_tls_cert_file "]),
     "tls-expired-certificate": ("preflight", ["server.crt expired on "]),
+    "app-key-class": ("preflight", ["got: urgent found in lab_app_keys"]),
     "wrong-tiktoken": ("preflight", ["has a wrong tiktoken/o200k_base.tiktoken: sha256 223921b7", "openai-harmony expects 446a9538"]),
     "bundle-without-the-model": ("no-model", ["has no model tiny-llama revision r1 (lab_model_name, lab_model_revision): it carries no model at all"]),
     "tampered-bundle": ("verify", ["failed verification (2 problem(s))", "modified: apt/pool/", ".deb (sha256 expected "]),
