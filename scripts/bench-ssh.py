@@ -15,8 +15,9 @@ In one run:
      ansible.builtin.template/copy/file's own path) and, when it imports, "mitogen" (Mitogen's
      mitogen_linear strategy, from the PyPI wheel unpacked under build/, plugins as shipped) and
      "mitogen-builtin" (Mitogen with the builtin path). Each re-run must report changed=0;
-  5. one more re-run per variant with the json callback (ansible.posix.json): the tasks that ran and
-     their wall time by action, so the share of the file tasks (what "fewer tasks" could save) shows.
+  5. where the time goes: in the median re-run of each variant, the seconds of the file tasks
+     (labctl_template) and directory tasks (labctl_directories) from profile_tasks' timestamps: what
+     "fewer tasks" (StateDirectory=, merged templates) could save at most.
 Writes build/bench-ssh.json and prints a table: median seconds per variant and ratios against "plugins".
 
 Environment: BENCH_SSH_NAME (labctl-benchssh), BENCH_ROUNDS (3), BENCH_KEEP=1 keeps the container,
@@ -51,9 +52,6 @@ OUT = REPO / "build" / "bench-ssh.json"
 BIN = Path(sys.executable).parent
 RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+unreachable=(?P<unreachable>\d+)"
                    r"\s+failed=(?P<failed>\d+)")
-# The tasks the one-call plugins serve, and the builtins the same tasks become without them.
-FILE_ACTIONS = frozenset(("labctl_template", "labctl_directories", "ansible.builtin.template", "ansible.builtin.copy",
-                          "ansible.builtin.file", "template", "copy", "file"))
 RUN_OPTS = ["--cap-add", "SYS_ADMIN", "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
             "--cgroupns", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock"]
 
@@ -138,67 +136,70 @@ def mitogen() -> Path | None:
     return target
 
 
-def _stamp(text: str) -> float:
-    return time.mktime(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")) + float("0" + text[19:].rstrip("Z"))
+def file_task_names() -> tuple[set[str], set[str]]:
+    """'role : task name' of every task that writes a file (labctl_template) or directories
+    (labctl_directories): the tasks the plugins serve and that "fewer tasks" would remove."""
+    import yaml
 
+    files: set[str] = set()
+    dirs: set[str] = set()
 
-def file_task_seconds(report: dict[str, Any]) -> dict[str, Any]:
-    """From the json callback's report: how many tasks ran per action and their summed wall time, for the
-    file actions (the plugins and the builtins they stand in for) and for everything else."""
-    by_action: dict[str, dict[str, float]] = {}
-    for play in report.get("plays", []):
-        for entry in play.get("tasks", []):
-            hosts = entry.get("hosts", {})
-            if not hosts or all(h.get("skipped") for h in hosts.values()):
+    def walk(tasks: Any, role: str) -> None:
+        for task in tasks or []:
+            if not isinstance(task, dict):
                 continue
-            action = next(iter(hosts.values())).get("action", "?")
-            duration = entry["task"].get("duration", {})
-            seconds = _stamp(duration["end"]) - _stamp(duration["start"]) if "end" in duration else 0.0
-            slot = by_action.setdefault(action, {"tasks": 0, "seconds": 0.0})
-            slot["tasks"] += 1
-            slot["seconds"] += seconds
-    files = {a: v for a, v in by_action.items() if a in FILE_ACTIONS}
-    return {"file_tasks": sum(int(v["tasks"]) for v in files.values()),
-            "file_seconds": round(sum(v["seconds"] for v in files.values()), 1),
-            "all_tasks": sum(int(v["tasks"]) for v in by_action.values()),
-            "all_seconds": round(sum(v["seconds"] for v in by_action.values()), 1),
-            "by_action": {a: {"tasks": int(v["tasks"]), "seconds": round(v["seconds"], 2)} for a, v in
-                          sorted(by_action.items(), key=lambda kv: -kv[1]["seconds"])}}
+            for key in ("block", "rescue", "always"):
+                walk(task.get(key), role)
+            if "labctl_template" in task:
+                files.add(f"{role} : {task.get('name')}")
+            if "labctl_directories" in task:
+                dirs.add(f"{role} : {task.get('name')}")
+
+    for path in sorted((REPO / "roles").glob("*/tasks/*.yml")):
+        walk(yaml.safe_load(path.read_text()), path.parts[-3])
+    return files, dirs
 
 
-def run_site(label: str, inventory: Path, env_extra: dict[str, str], as_json: bool = False) -> dict[str, Any]:
-    """One site.yml run. as_json: the json callback's report (per-task durations and actions) instead of the
-    default output; the recap is then read from its stats."""
+TASK_HEADER = re.compile(r"^(?:TASK|RUNNING HANDLER) \[(.+?)\] \*+")
+# profile_tasks' line under each header: the previous task's duration in parentheses.
+TASK_STAMP = re.compile(r"\((\d+):(\d\d):(\d\d\.\d+)\)\s+\d+:\d\d:\d\d\.\d+ \*+\s*$")
+
+
+def where_the_time_goes(log_text: str, files: set[str], dirs: set[str]) -> dict[str, Any]:
+    """Seconds per kind of task in one re-run, from profile_tasks' timestamps (ansible.cfg enables it)."""
+    lines = log_text.splitlines()
+    timed: list[tuple[str, float]] = []
+    current: str | None = None
+    for number, line in enumerate(lines):
+        header = TASK_HEADER.match(line)
+        if not header:
+            continue
+        stamp = TASK_STAMP.search(lines[number + 1]) if number + 1 < len(lines) else None
+        if stamp and current is not None:
+            timed.append((current, int(stamp[1]) * 3600 + int(stamp[2]) * 60 + float(stamp[3])))
+        current = header[1]
+    return {"tasks_s": round(sum(s for _, s in timed), 1),
+            "file_tasks": sum(1 for n, _ in timed if n in files), "file_tasks_s": round(sum(s for n, s in timed if n in files), 1),
+            "dir_tasks": sum(1 for n, _ in timed if n in dirs), "dir_tasks_s": round(sum(s for n, s in timed if n in dirs), 1)}
+
+
+def run_site(label: str, inventory: Path, env_extra: dict[str, str]) -> dict[str, Any]:
     WORK.mkdir(parents=True, exist_ok=True)
-    log_file = WORK / f"{label}.{'json' if as_json else 'log'}"
+    log_file = WORK / f"{label}.log"
     env = {**os.environ, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1", "ANSIBLE_HOST_KEY_CHECKING": "False",
            **env_extra}
-    if as_json:
-        env.update(ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_CALLBACKS_ENABLED="")
     started = time.monotonic()
     with log_file.open("w") as handle:
         rc = subprocess.run([str(BIN / "ansible-playbook"), "site.yml", "-i", str(inventory)], cwd=REPO, env=env,
-                            stdout=handle, stderr=subprocess.PIPE if as_json else subprocess.STDOUT, check=False).returncode
+                            stdout=handle, stderr=subprocess.STDOUT, check=False).returncode
     seconds = time.monotonic() - started
     text = log_file.read_text()
-    tasks: dict[str, Any] | None = None
-    if as_json:
-        try:
-            report = json.loads(text[text.index("{"):])
-        except ValueError:
-            report = {}
-        recap = {host: {k: int(stats.get(k, 0)) for k in ("ok", "changed", "unreachable", "failed")}
-                 for host, stats in report.get("stats", {}).items()}
-        tasks = file_task_seconds(report) if report else None
-    else:
-        recap = {m["host"]: {k: int(m[k]) for k in ("ok", "changed", "unreachable", "failed")}
-                 for m in (RECAP.match(line) for line in text.splitlines()) if m}
+    recap = {m["host"]: {k: int(m[k]) for k in ("ok", "changed", "unreachable", "failed")}
+             for m in (RECAP.match(line) for line in text.splitlines()) if m}
     changed = sum(h["changed"] for h in recap.values())
-    if not recap:
-        rc = rc or 1  # no recap: the run did not finish as a run
     log(f"{label}: {seconds:.1f} s, rc {rc}, changed={changed} ({log_file.relative_to(REPO)})")
     return {"label": label, "rc": rc, "seconds": round(seconds, 1), "changed": changed, "recap": recap,
-            "log": str(log_file.relative_to(REPO)), "tasks": tasks}
+            "log": str(log_file.relative_to(REPO)), "time": where_the_time_goes(text, *file_task_names())}
 
 
 def main() -> int:
@@ -228,10 +229,8 @@ def main() -> int:
     for round_ in range(1, ROUNDS + 1):
         for name, extra in variants.items():
             runs[name].append(run_site(f"rerun-{name}-{round_}", inventory, extra))
-    # One more re-run per variant with the json callback: where the time goes, by action (not timed above:
-    # a different stdout callback would change what is measured).
-    profile = {name: run_site(f"profile-{name}", inventory, extra, as_json=True).get("tasks")
-               for name, extra in variants.items()}
+    # Where the time goes: the timed re-run of median length of each variant, by kind of task.
+    profile = {name: sorted(rs, key=lambda r: r["seconds"])[len(rs) // 2]["time"] for name, rs in runs.items() if rs}
     ok = {name: [r for r in rs if r["rc"] == 0 and r["changed"] == 0] for name, rs in runs.items()}
     median = {name: statistics.median(r["seconds"] for r in rs) if rs else None for name, rs in ok.items()}
     base = median["plugins"]
@@ -243,11 +242,10 @@ def main() -> int:
         failed = [r["label"] for r in rs if r not in ok[name]]
         print(f"{name:16} {m if m is not None else '-':>9} {ratio:>11}  {[r['seconds'] for r in rs]}"
               + (f"  FAILED or changed: {failed}" if failed else ""))
-    print("\nwhere the time goes (json callback re-run): file tasks (template/copy/file/directories) vs all tasks")
+    print("\nwhere the time goes (the median re-run of each variant, profile_tasks' timestamps):")
     for name, prof in profile.items():
-        if prof:
-            print(f"{name:16} file tasks {prof['file_tasks']:3} in {prof['file_seconds']:6.1f} s;"
-                  f" all tasks {prof['all_tasks']:3} in {prof['all_seconds']:6.1f} s")
+        print(f"{name:16} {prof['file_tasks']:3} file tasks {prof['file_tasks_s']:6.1f} s, {prof['dir_tasks']:2} directory tasks"
+              f" {prof['dir_tasks_s']:5.1f} s, all tasks {prof['tasks_s']:6.1f} s")
     OUT.write_text(json.dumps({"container": NAME, "rounds": ROUNDS, "first_converge": first, "runs": runs,
                                "profile": profile,
                                "median_seconds": median, "cpus": os.cpu_count(),
