@@ -123,7 +123,8 @@ def test_requests_and_spend_per_key_on_metrics(host, keys):
         samples = re.findall(rf'^{metric}{{[^}}]*api_key_alias="notebook"[^}}]*}} ([0-9.e+-]+)$', text, re.M)
         assert samples and sum(float(s) for s in samples) > 0, (metric, [l for l in text.splitlines() if metric in l][:5])
     assert all(key not in text for key in keys.values())
-    assert not re.search(r"[0-9a-f]{64}", text), "a hash on /metrics"
+    hashes = [k["sha256"] for k in json.loads(STORE.read_text())["keys"]]
+    assert not [h for h in hashes if h in text], "a key's hash on /metrics"
 
 
 def test_a_revoked_key_is_refused_at_once_and_its_streams_in_flight_end(host, keys):
@@ -144,7 +145,9 @@ def test_a_revoked_key_is_refused_at_once_and_its_streams_in_flight_end(host, ke
     assert revoked.returncode == 0, revoked.stdout[-2000:] + revoked.stderr[-2000:]
     changed = float(host.check_output(f"python3 -c 'import os; print(os.stat(\"{KEYS_FILE}\").st_mtime)'"))
     results = json.loads(out)
-    before = [r for r in results if r["start"] < changed]
+    # A request is authorized as it arrives, a few milliseconds after it starts: those that started
+    # within a second of the change may fall either side, so they are left out.
+    before = [r for r in results if r["start"] < changed - 1.0]
     after = [r for r in results if r["start"] > changed + 0.5]
     spanning = [r for r in before if r["end"] > changed]
     first_401 = min((r["end"] for r in results if r["code"] == 401), default=None)
