@@ -15,6 +15,19 @@ import jinja2
 import pytest
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm"
+WHEELS = Path(__file__).resolve().parents[2] / "build" / "bundles" / "test" / "wheels"
+
+
+def litellm_source(*members: str) -> list[str]:
+    """Files of the test bundle's LiteLLM 1.106.0 wheel (the version the role installs), as text;
+    the test is skipped when the bundle is not built."""
+    import zipfile
+
+    wheel = next(WHEELS.glob("litellm-1.106.0-*.whl"), None)
+    if wheel is None:
+        pytest.skip("the test bundle is not built (make bundle-test)")
+    with zipfile.ZipFile(wheel) as archive:
+        return [archive.read(member).decode() for member in members]
 
 
 class CustomLogger:

@@ -12,7 +12,6 @@ import os
 import stat
 import sys
 import types
-import zipfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,9 @@ from labctl import keys_cli
 from labctl.cli import app
 from labctl.keys import AppKey, KeyError_, KeyStore, hash_key
 
-from .callback_loader import load_callback
+from .callback_loader import litellm_source, load_callback
 
 REPO = Path(__file__).resolve().parents[2]
-WHEELS = REPO / "build" / "bundles" / "test" / "wheels"
 sys.path.insert(0, str(REPO / "roles" / "litellm" / "filter_plugins"))
 
 from litellm_filters import labctl_app_keys_doc  # noqa: E402
@@ -256,14 +254,9 @@ def test_keys_add_prints_the_key_once_and_pushes(tmp_path: Path, monkeypatch: py
 # --- LiteLLM's names the hook uses --------------------------------------------------------------------
 
 def test_the_hook_uses_names_the_bundled_litellm_has() -> None:
-    wheel = next(WHEELS.glob("litellm-1.106.0-*.whl"), None)
-    if wheel is None:
-        pytest.skip("the test bundle is not built (make bundle-test)")
-    with zipfile.ZipFile(wheel) as archive:
-        parsing = archive.read("litellm/proxy/common_utils/http_parsing_utils.py").decode()
-        types_src = archive.read("litellm/proxy/_types.py").decode()
-        constants = archive.read("litellm/constants.py").decode()
-        auth = archive.read("litellm/proxy/auth/user_api_key_auth.py").decode()
+    parsing, types_src, constants, auth = litellm_source(
+        "litellm/proxy/common_utils/http_parsing_utils.py", "litellm/proxy/_types.py", "litellm/constants.py",
+        "litellm/proxy/auth/user_api_key_auth.py")
     assert "async def read_request_body(" in parsing
     assert "LITELLM_PROXY_MASTER_KEY_ALIAS" in constants
     assert 'INTERNAL_USER_VIEW_ONLY = "internal_user_viewer"' in types_src

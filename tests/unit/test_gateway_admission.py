@@ -10,19 +10,17 @@ import asyncio
 import inspect
 import sys
 import types
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-WHEELS = REPO / "build" / "bundles" / "test" / "wheels"
 sys.path.insert(0, str(REPO / "roles" / "litellm" / "filter_plugins"))
 
 from litellm_filters import labctl_class_floors  # noqa: E402
 
-from .callback_loader import load_callback  # noqa: E402
+from .callback_loader import litellm_source, load_callback  # noqa: E402
 
 INTERACTIVE, BATCH = 0, 10
 
@@ -282,11 +280,7 @@ def test_floors_from_the_classes() -> None:
 
 def test_the_hooks_match_the_pinned_litellm() -> None:
     """Names and parameters of the hooks this callback overrides, as LiteLLM 1.106.0 declares them."""
-    wheel = next(WHEELS.glob("litellm-1.106.0-*.whl"), None)
-    if wheel is None:
-        pytest.skip("the test bundle is not built (make bundle-test)")
-    with zipfile.ZipFile(wheel) as archive:
-        source = archive.read("litellm/integrations/custom_logger.py").decode()
+    (source,) = litellm_source("litellm/integrations/custom_logger.py")
     for hook, params in {
         "async_pre_call_hook": "self, user_api_key_dict, cache, data, call_type",
         "async_post_call_success_hook": "self, data, user_api_key_dict, response",
