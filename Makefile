@@ -52,6 +52,10 @@ lint: venv
 
 # After the bundle: some tests read the pinned wheels (metric names in vLLM's and LiteLLM's source).
 unit: venv host-tools bundle-test
+	$(MAKE) --no-print-directory unit-run
+
+.PHONY: unit-run lab-parts-run
+unit-run:
 	pytest tests/unit
 
 # The fingerprint is read after the bundle exists, so molecule runs in a sub-make.
@@ -63,7 +67,16 @@ molecule: bundle-test
 molecule-run:
 	@for s in $(SCENARIOS); do echo "=== molecule test -s $$s $(MOLECULE_ARGS)"; molecule test -s $$s $(MOLECULE_ARGS); done
 
-test: lint unit lab-parts molecule
+# Everything CI runs. The bundle first, then the jobs two at a time, longest first (scripts/run-jobs.py:
+# a converge keeps about one core busy); each job's log is printed whole when it ends, then a table of
+# durations (build/test-logs/durations.json). TEST_JOBS=1 runs them one after another.
+TEST_JOBS ?= 2
+TEST_JOB_ORDER := stack gpu datastores control_node unit lab-parts airgap artifacts lint host_tuning
+test: venv host-tools bundle-test
+	python3 scripts/run-jobs.py --jobs $(TEST_JOBS) $(foreach j,$(TEST_JOB_ORDER),'$(j)=$(call test-job,$(j))')
+
+# The command of a job of `make test`: a scenario of SCENARIOS, or one of lint, unit, lab-parts.
+test-job = $(MAKE) --no-print-directory $(if $(filter $(1),$(SCENARIOS)),molecule-run SCENARIOS=$(1),$(1)$(if $(filter lint,$(1)),,-run))
 
 # The lab's CUDA vLLM wheel set (PyPI build) resolved, downloaded and locked by the builder, installed
 # offline in a network-less Debian 12 container and proven there without a GPU (gigabytes: not in
@@ -76,6 +89,8 @@ lab-wheels-check: venv bundle-test
 # the apt part for Debian 12 with the strict NVIDIA double, the wheel sets resolved per OS.
 .PHONY: lab-parts
 lab-parts: venv bundle-test
+	$(MAKE) --no-print-directory lab-parts-run
+lab-parts-run:
 	pytest -p no:cacheprovider -s tests/bundle
 
 # The gpu scenario against NVIDIA's Ubuntu repositories (stub packages with Ubuntu's names and

@@ -24,6 +24,9 @@ REPORT = REPO / "build" / "reports" / "stack.json"
 LABCTL_STATE = REPO / "build" / "reports" / "labctl-state"
 # The application keys test_stack_keys.py made (the keys themselves: shown once, stored nowhere else).
 APP_KEYS_MADE = REPO / "build" / "reports" / "stack-app-keys.txt"
+# lab_secrets_dir as molecule's settings name it (_shared/group_vars: one directory per scenario).
+SECRETS_DIR = (Path.home() / ".local" / "share" / "labctl" / "secrets"
+               / f"molecule-{Path(os.environ.get('MOLECULE_INVENTORY_FILE', 'x/stack/inventory/f')).parent.parent.name}")
 _UNITS = ["vllm@0", "vllm@1", "litellm", "redis-server", "postgresql@15-main", "prometheus", "prometheus-node-exporter"]
 
 
@@ -122,7 +125,7 @@ def _secrets(host) -> list[str]:
     passwords (the control node's files), and the master key as the host has it."""
     key = host.check_output(f"grep '^LITELLM_MASTER_KEY=' {ENV_FILE} | cut -d= -f2-")
     assert key.startswith("sk-") and len(key) > 20
-    secrets_dir = Path.home() / ".local" / "share" / "labctl" / "secrets" / "inventory"
+    secrets_dir = SECRETS_DIR
     secrets = [key] + [p.read_text().split()[0] for p in secrets_dir.iterdir()
                        if p.is_file() and p.name != "app-keys.json" and p.read_text().strip()]
     assert len(secrets) >= 5, secrets_dir
@@ -211,7 +214,7 @@ def test_the_gateway_speaks_https_only_with_the_lab_ca(host):
     key = host.file("/etc/labctl/tls/server.key")
     assert (key.user, key.group, key.mode) == ("root", "labctl-tls", 0o640)
     assert host.run("find / -xdev -name 'ca.key' -path '*tls*' 2>/dev/null").stdout.strip() == ""
-    ca_key = Path.home() / ".local" / "share" / "labctl" / "secrets" / "inventory" / "tls" / "ca.key"
+    ca_key = SECRETS_DIR / "tls" / "ca.key"
     assert oct(ca_key.stat().st_mode & 0o777) == "0o600"
     metric = host.file("/var/lib/prometheus/node-exporter/labctl_tls.prom").content_string
     expiry = float(re.search(r'^labctl_tls_cert_not_after_timestamp_seconds\{[^}]*source="lab-ca"\} (\d+)$', metric, re.M).group(1))

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from test_stack import APP_KEYS_MADE, ENV_FILE, LABCTL_STATE, PUBLIC, REPO, _report  # noqa: E402 - same directory
+from test_stack import APP_KEYS_MADE, ENV_FILE, LABCTL_STATE, PUBLIC, REPO, SECRETS_DIR, _report  # noqa: E402 - same directory
 
 KEYS_FILE = "/etc/labctl/litellm/app-keys.json"
-STORE = Path.home() / ".local" / "share" / "labctl" / "secrets" / "inventory" / "app-keys.json"
+STORE = SECRETS_DIR / "app-keys.json"
 
 # Inside the target: requests with one key; prints per request its start, end, status, Retry-After
 # and (streamed) whether it ended with [DONE]. Loops until STOP exists when LOOP is set.

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_stack import REPO, _report, _secrets  # noqa: E402 - same directory
+from test_stack import REPO, SECRETS_DIR, _report, _secrets  # noqa: E402 - same directory
 
 DNSLOG = "/var/log/labctl-test-dnslog.jsonl"
 RESOLVER_UNIT = "labctl-test-dnslog.service"
@@ -90,10 +90,16 @@ def test_no_generated_secret_in_the_journal_or_in_var_log(found):
 def test_files_holding_a_secret_are_private(found):
     """On the control node every generated secret is a 0600 file in a 0700 directory; on the
     host only the services' settings files hold one, none readable by other users."""
-    secrets_dir = Path.home() / ".local" / "share" / "labctl" / "secrets" / "inventory"
+    secrets_dir = SECRETS_DIR
     assert secrets_dir.stat().st_mode & 0o777 == 0o700
-    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in secrets_dir.iterdir()}
-    assert len(modes) >= 5 and set(modes.values()) == {"0o600"}, modes
+    # Files 0600 (the CA's and the hosts' keys among them) but the certificates (public),
+    # directories (tls/, tls/hosts/) 0700.
+    modes = {str(p.relative_to(secrets_dir)): oct(p.stat().st_mode & 0o777) for p in secrets_dir.rglob("*")}
+    files = {name: mode for name, mode in modes.items() if (secrets_dir / name).is_file()}
+    private = {name: mode for name, mode in files.items() if not name.endswith(".crt")}
+    assert len(private) >= 7 and set(private.values()) == {"0o600"}, modes
+    assert "tls/ca.key" in private, modes
+    assert {mode for name, mode in modes.items() if name not in files} == {"0o700"}, modes
     holders = found["holders"]
     print("files holding a secret:", holders)
     assert any(path == "/etc/labctl/litellm/litellm.env" for path, *_ in holders), holders
