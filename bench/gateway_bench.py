@@ -199,6 +199,8 @@ def start_gateway(cfg: dict[str, Any], workers: int, rundir: Path, admission: Pa
     shutil.rmtree(prom, ignore_errors=True)
     prom.mkdir(parents=True)
     env = {**os.environ, "LITELLM_MASTER_KEY": MASTER_KEY, "LITELLM_SALT_KEY": "sk-bench-salt",
+           # The replicas' key the deployments send (the stand-ins do not check it).
+           "LABCTL_VLLM_API_KEY": "sk-vllm-bench",
            "REDIS_HOST": "127.0.0.1", "REDIS_PORT": str(REDIS_PORT), "REDIS_PASSWORD": REDIS_PASSWORD,
            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",
            "PROMETHEUS_MULTIPROC_DIR": str(prom), "LITELLM_LOG": "ERROR", "HOME": str(rundir)}

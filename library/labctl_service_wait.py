@@ -36,6 +36,11 @@ options:
   model_name:
     description: A name C(/v1/models) must list.
     type: str
+  api_key:
+    description:
+      - Bearer token for C(/v1/models) (a vLLM replica started with an API key guards C(/v1); its
+        C(/health) and C(/metrics) stay open). Never logged.
+    type: str
   timeout:
     description: Seconds to wait in all.
     type: int
@@ -95,8 +100,10 @@ def journal(unit):
     return errors, lines[-8:]
 
 
-def get(url, timeout, context=None):
-    with urllib.request.urlopen(url, timeout=timeout, context=context) as response:  # noqa: S310 (the service's own URL)
+def get(url, timeout, context=None, api_key=None):
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:  # noqa: S310 (the service's own URL)
         return response.status, response.read()
 
 
@@ -107,7 +114,7 @@ def probe(params, context=None):
         if status != 200:
             return f"{path} answered {status}"
     if params["model_name"]:
-        _, body = get(params["url"] + "/v1/models", 10, context)
+        _, body = get(params["url"] + "/v1/models", 10, context, params["api_key"])
         names = [model.get("id") for model in json.loads(body).get("data", [])]
         if params["model_name"] not in names:
             return f"/v1/models lists {names}, not {params['model_name']}"
@@ -122,6 +129,7 @@ def main():
             "paths": {"type": "list", "elements": "str", "default": ["/health"]},
             "ca_file": {"type": "path"},
             "model_name": {"type": "str"},
+            "api_key": {"type": "str", "no_log": True},
             "timeout": {"type": "int", "default": 1200},
             "interval": {"type": "float", "default": 5},
         },
@@ -147,6 +155,11 @@ def main():
             )
         try:
             missing = probe(params, context)
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):  # waiting does not change the key: say so now
+                module.fail_json(msg=f"{unit}: {exc.url} answered {exc.code}: the service refuses "
+                                 + ("the API key it was given" if params["api_key"] else "requests without an API key"))
+            missing = str(exc)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             missing = str(exc)
         if missing is None:

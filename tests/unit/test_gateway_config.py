@@ -32,6 +32,8 @@ def test_renders_the_roles_config_for_the_inventorys_replicas(rendered: str) -> 
     assert sorted({d["litellm_params"]["api_base"] for d in deployments}) == [
         "http://127.0.0.1:18100/v1", "http://127.0.0.1:18101/v1"]
     assert {d["litellm_params"]["extra_body"]["priority"] for d in deployments} == {0, 10}
+    # The replicas' key is generated and referenced, never inlined (litellm.env holds it).
+    assert {d["litellm_params"]["api_key"] for d in deployments} == {"os.environ/LABCTL_VLLM_API_KEY"}
     defaults = yaml.safe_load((REPO / "roles" / "litellm" / "defaults" / "main.yml").read_text())
     bench_vars = yaml.safe_load((BENCH_INVENTORY / "group_vars" / "all" / "site.yml").read_text())
     workers = bench_vars.get("litellm_num_workers", defaults["litellm_num_workers"])

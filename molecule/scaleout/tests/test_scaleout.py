@@ -25,6 +25,11 @@ HERE = Path(__file__).resolve().parent
 GW = "labctl-scaleout-gw"
 GPU_HOSTS = ["labctl-scaleout-gpu1", "labctl-scaleout-gpu2"]
 ENV_FILE = "/etc/labctl/litellm/litellm.env"
+# Python run on the gateway host: a urllib Request for a replica URL with the replicas' API key, which
+# the gateway's litellm.env holds (LABCTL_VLLM_API_KEY; /v1 on every replica wants it).
+REPLICA_REQUEST = ("import urllib.request\n"
+                   f"KEY = next(l.split('=', 1)[1].strip() for l in open({ENV_FILE!r}) if l.startswith('LABCTL_VLLM_API_KEY='))\n"
+                   "def replica(url): return urllib.request.Request(url, headers={'Authorization': 'Bearer ' + KEY})\n")
 PUBLIC = "tiny-llama"
 PROM = "http://127.0.0.1:9090"
 REPORT = REPO / "build" / "reports" / "scaleout.json"
@@ -142,7 +147,7 @@ def test_gateway_config_lists_the_four_replicas_of_both_hosts():
     bases = {line.split(":", 1)[1].strip().strip('"') for line in config.splitlines() if line.strip().startswith("api_base:")}
     assert bases == {url + "/v1" for url in REPLICAS.values()}
     for (name, index), url in REPLICAS.items():
-        models = json.loads(_py(GW, f"import urllib.request; print(urllib.request.urlopen({url + '/v1/models'!r}, timeout=30).read().decode())"))
+        models = json.loads(_py(GW, REPLICA_REQUEST + f"print(urllib.request.urlopen(replica({url + '/v1/models'!r}), timeout=30).read().decode())"))
         assert [m["id"] for m in models["data"]] == [f"{PUBLIC}-{name}-{index}", PUBLIC]
 
 
@@ -241,13 +246,13 @@ def test_a_gpu_host_taken_down_mid_run_is_routed_around():
     _docker("exec", GW, "touch", "/tmp/traffic.stop.slow")
     _docker("start", down)
     # Back: its replicas serve again (systemd boots the host, the replicas load the model).
-    code = f"""
-import time, urllib.request
+    code = REPLICA_REQUEST + f"""
+import time
 deadline = time.time() + {back_s}
 for url in {down_urls!r}:
     while True:
         try:
-            if urllib.request.urlopen(url + "/v1/models", timeout=5).status == 200:
+            if urllib.request.urlopen(replica(url + "/v1/models"), timeout=5).status == 200:
                 break
         except OSError:
             pass

@@ -17,6 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 ENV_FILE = "/etc/labctl/litellm/litellm.env"
+REPLICA_KEY_FILE = "/etc/labctl/vllm/api-key.env"  # VLLM_API_KEY (roles/vllm)
 CA_FILE = "/etc/labctl/tls/ca.crt"  # the lab CA the gateway's certificate chains to (roles/tls)
 REPLICAS = {0: "http://127.0.0.1:8000", 1: "http://127.0.0.1:8001"}
 PUBLIC = "tiny-llama"
@@ -41,6 +42,8 @@ def _py(host, code: str) -> str:
 
 
 def _http(host, url: str, body: dict | None = None, key: str | None = "master", timeout: int = 120) -> tuple[int, str]:
+    """A request from inside the target; key "master" and "replica" are read there (never on a
+    command line, which ansible's command module would log), None sends none."""
     code = f"""
 import json, ssl, urllib.request, urllib.error
 ctx = ssl.create_default_context(cafile={CA_FILE!r}) if {url!r}.startswith("https") else None
@@ -48,6 +51,8 @@ headers = {{"Content-Type": "application/json"}}
 key = {key!r}
 if key == "master":
     key = next(l.split("=", 1)[1].strip() for l in open({ENV_FILE!r}) if l.startswith("LITELLM_MASTER_KEY="))
+elif key == "replica":  # the replicas' API key
+    key = next(l.split("=", 1)[1].strip() for l in open({REPLICA_KEY_FILE!r}) if l.startswith("VLLM_API_KEY="))
 if key:
     headers["Authorization"] = "Bearer " + key
 data = json.dumps({body!r}).encode() if {body!r} is not None else None
@@ -141,11 +146,23 @@ def _chat(model: str = PUBLIC) -> dict:
 
 
 def test_both_replicas_serve_under_distinct_names(host):
+    """Each replica's /v1 wants the replicas' key (401 without it, or with another); /health and
+    /metrics answer without one (the host firewall keeps them to the gateway and monitoring hosts)."""
+    key = host.check_output(f"sed -n 's/^VLLM_API_KEY=//p' {REPLICA_KEY_FILE}")
+    assert key.startswith("sk-vllm-") and len(key) > 40
+    env = host.file(REPLICA_KEY_FILE)
+    assert (env.user, env.group, env.mode) == ("root", "vllm", 0o640)
     for index, url in REPLICAS.items():
         assert host.service(f"vllm@{index}").is_running
-        status, text = _http(host, url + "/v1/models", key=None)
+        status, text = _http(host, url + "/v1/models", key="replica")
         names = [m["id"] for m in json.loads(text)["data"]]
         assert status == 200 and names == [f"{PUBLIC}-labctl-stack-{index}", PUBLIC]
+        assert _http(host, url + "/v1/models", key=None)[0] == 401
+        assert _http(host, url + "/v1/chat/completions", _chat(f"{PUBLIC}-labctl-stack-{index}"), key="sk-vllm-wrong")[0] == 401
+        assert _http(host, url + "/health", key=None)[0] == 200
+        assert _http(host, url + "/metrics", key=None)[0] == 200
+    # The key travels in the environment, not on a command line anyone on the host can read.
+    assert key not in host.check_output("ps -eo args")
 
 
 def test_deployed_pieces_agree_with_the_topology(host):

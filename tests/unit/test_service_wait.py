@@ -1,0 +1,99 @@
+"""library/labctl_service_wait.py against a replica stand-in that guards /v1 as vLLM 0.32 does
+(vllm/entrypoints/serve/middleware/authenticate.py: /v1, /v2, /inference, /cohere need the bearer
+token, a wrong or missing one gets 401 {"error": "Unauthorized"}; /health and /metrics stay open)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_SPEC = importlib.util.spec_from_file_location("labctl_service_wait", REPO / "library" / "labctl_service_wait.py")
+assert _SPEC and _SPEC.loader
+wait = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(wait)
+
+KEY = "sk-vllm-test-key"
+GUARDED = ("/v1", "/v2", "/inference", "/cohere")
+
+
+class _Replica(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path.startswith(GUARDED):
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            if scheme.lower() != "bearer" or token != KEY:
+                self._answer(401, {"error": "Unauthorized"})
+                return
+        if self.path == "/health":
+            self._answer(200, {})
+        elif self.path == "/v1/models":
+            self._answer(200, {"data": [{"id": "tiny-llama-host-0"}, {"id": "tiny-llama"}]})
+        else:
+            self._answer(404, {})
+
+    def _answer(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def replica() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Replica)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def _params(url: str, **extra: object) -> dict:
+    return {"url": url, "paths": ["/health"], "model_name": "tiny-llama-host-0", "api_key": None, **extra}
+
+
+def test_with_the_key_the_model_is_listed(replica: str) -> None:
+    assert wait.probe(_params(replica, api_key=KEY)) is None
+    assert "not tiny-llama-other" in wait.probe(_params(replica, api_key=KEY, model_name="tiny-llama-other"))
+
+
+@pytest.mark.parametrize("key", [None, "sk-vllm-other"])
+def test_without_the_right_key_the_probe_gets_401(replica: str, key: str | None) -> None:
+    # main() turns a 401 or 403 into an immediate failure: waiting does not change the key.
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        wait.probe(_params(replica, api_key=key))
+    assert raised.value.code == 401
+
+
+def test_health_needs_no_key(replica: str) -> None:
+    assert wait.probe(_params(replica, model_name=None)) is None
+
+
+def test_a_refused_key_fails_at_once_and_is_never_printed(replica: str) -> None:
+    """The module through ansible: a wrong key stops the wait at once (not after timeout=600),
+    naming the cause; the key, a no_log option, appears nowhere in the -vvv output."""
+    wrong = "sk-vllm-wrong-4f1c2e"
+    started = time.monotonic()
+    run = subprocess.run(
+        ["ansible", "localhost", "-vvv", "-m", "labctl_service_wait", "-a",
+         json.dumps({"unit": "labctl-test-none.service", "url": replica, "model_name": "tiny-llama-host-0",
+                     "api_key": wrong, "timeout": 600, "interval": 1})],
+        capture_output=True, text=True, timeout=300, check=False, cwd=REPO,
+        env={**os.environ, "ANSIBLE_LIBRARY": str(REPO / "library"), "ANSIBLE_LOCALHOST_WARNING": "false"})
+    output = run.stdout + run.stderr
+    assert run.returncode != 0 and time.monotonic() - started < 120, output[-2000:]
+    assert "answered 401: the service refuses the API key it was given" in output, output[-2000:]
+    assert wrong not in output
