@@ -118,7 +118,7 @@ def _bundle(mutate: Callable[[Path], None]) -> Iterator[list[str]]:
 class Run:
     """One site.yml run with several bad inputs: preflight, like the bundle verification, reports
     every problem it finds at once, and any one of them stops the run. So each cause's test checks
-    its own message in a shared run; three runs cover the twelve causes."""
+    its own message in a shared run; four runs cover the thirteen causes."""
 
     extra: list[str]
     # The task that stops the run: preflight's, or the bundle verification on the control node.
@@ -158,6 +158,8 @@ def _bad_tls_files() -> list[str]:
 
 
 PREFLIGHT = "preflight : Stop on any problem"
+# A control node whose secrets directory is not the lab's (lost, or a timer with another $HOME): empty.
+NO_SECRETS = Path(tempfile.mkdtemp(prefix="labctl-no-secrets-"))
 RUNS = {
     # Variables, GPUs, ports, disk and a well-signed bundle with a wrong tokenizer file.
     "preflight": Run(["-e", "vllm_replica_count=3", "-e", "vlm_max_model_len=256", "-e", "lab_vllm_replicas=3", "-e", "lab_litellm_port=8001",
@@ -166,6 +168,9 @@ RUNS = {
                      PREFLIGHT, bundle=_wrong_tiktoken, full_disk=True),
     # A well-signed bundle without the model (its own run: with no model the disk check has nothing to size).
     "no-model": Run([], PREFLIGHT, bundle=_without_model),
+    # Another secrets directory than the lab's: stopped before any secret is read (and so generated).
+    "secrets": Run(["-e", f"lab_secrets_dir={NO_SECRETS}"],
+                   "preflight : Stop when lab_secrets_dir is not the directory the lab was provisioned with"),
     # Files that differ from the signed manifest: stopped by the verification before the target is touched.
     "verify": Run([], "airgap : Verify the bundle on the control node before touching the target",
                   bundle=_tampered_and_truncated),
@@ -182,6 +187,8 @@ CASES = {
     "app-key-class": ("preflight", ["got: urgent found in lab_app_keys"]),
     "wrong-tiktoken": ("preflight", ["has a wrong tiktoken/o200k_base.tiktoken: sha256 223921b7", "openai-harmony expects 446a9538"]),
     "bundle-without-the-model": ("no-model", ["has no model tiny-llama revision r1 (lab_model_name, lab_model_revision): it carries no model at all"]),
+    "secrets-dir-not-the-labs": ("secrets", [f"lab_secrets_dir={NO_SECRETS} has no secrets-id",
+                                             "rotate the master and salt keys under the running service"]),
     "tampered-bundle": ("verify", ["failed verification (2 problem(s))", "modified: apt/pool/", ".deb (sha256 expected "]),
     "truncated-weights": ("verify", [f"size: {MODEL}/model.safetensors (expected "]),
 }
@@ -269,3 +276,10 @@ def test_bad_input_stops_the_run_before_anything_changes(host, case: str) -> Non
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield None
+
+
+def test_a_control_node_without_the_labs_secrets_generates_none(host) -> None:
+    """The run with an empty lab_secrets_dir stopped before anything read a secret: nothing was
+    generated there (a generated master key would have been the rotation the check prevents)."""
+    _run(host, "secrets")
+    assert sorted(p.name for p in NO_SECRETS.iterdir()) == []
