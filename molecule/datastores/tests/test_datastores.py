@@ -29,10 +29,13 @@ def _ansible_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def secrets_dir() -> Path:
-    """lab_secrets_dir as the converge saw it (molecule's inventory directory names it)."""
+    """lab_secrets_dir as the converge saw it (molecule's settings name one per scenario). The
+    converge's playbook directory, not the checkout's: ad-hoc `ansible` reads group_vars/ beside
+    its playbook directory (the current one by default), and the checkout's group_vars/all/project.yml
+    would then override the inventory's molecule settings."""
     out = subprocess.run(
-        ["ansible", "all", "-i", os.environ["MOLECULE_INVENTORY_FILE"], "-m", "ansible.builtin.debug",
-         "-a", "var=lab_secrets_dir"],
+        ["ansible", "all", "-i", os.environ["MOLECULE_INVENTORY_FILE"], "--playbook-dir", str(CONVERGE.parent),
+         "-m", "ansible.builtin.debug", "-a", "var=lab_secrets_dir"],
         capture_output=True, text=True, check=True, cwd=REPO, env=_ansible_env(),
     ).stdout
     data, _ = json.JSONDecoder().raw_decode(out[out.index("{"):])
