@@ -115,6 +115,13 @@ test-gpu-flavours: bundle-test
 test-scaleout: bundle-test
 	$(MAKE) --no-print-directory molecule-run SCENARIOS=scaleout
 
+# Not in `make test` (CI budget): the stack scenario with its tests marked `extended` too
+# (molecule/conftest.py: a power cut, the compile cache's gain, drift through a whole check-mode run,
+# a rule change's reload, a PostgreSQL restart under the gateway).
+.PHONY: test-extended
+test-extended: bundle-test
+	LABCTL_TEST_EXTENDED=1 $(MAKE) --no-print-directory molecule-run SCENARIOS=stack
+
 # Not a test: staging speed vs rsync -a and sha256sum on synthetic weights (8 x 1 GiB, 3 rounds; BENCH_FILES,
 # BENCH_SIZE, BENCH_WORKERS, BENCH_ROUNDS change it). Table on stdout, JSON in build/bench-artifacts.json.
 .PHONY: bench-artifacts

@@ -338,6 +338,7 @@ def _snapshot(host) -> dict[str, str]:
     return {"files": hashlib.sha256(listing.encode()).hexdigest(), **pids}
 
 
+@pytest.mark.extended  # a whole check-mode run; drift's logic: tests/unit/test_runs.py
 def test_drift_finds_a_hand_changed_file_and_changes_nothing(host):
     original = host.file(_SYSCTL).content_string
     host.run_test(f"sed -i 's/^vm.swappiness.*/vm.swappiness = 60/' {_SYSCTL}")
@@ -399,6 +400,7 @@ def _time_to_serve(host, index: int, restart: bool = True) -> float:
     raise AssertionError(f"vllm@{index} did not come back in 600 s")
 
 
+@pytest.mark.extended  # two cold-and-warm vLLM starts, a speed figure
 def test_compile_cache_makes_a_restart_faster(host):
     """Cold: replica 0 restarted with its compile caches emptied; warm: restarted again with
     the caches it just wrote (VLLM_CACHE_ROOT on persistent disk). Same replica, same run."""

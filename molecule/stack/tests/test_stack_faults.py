@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from test_stack import REPLICAS, _py, _report, _traffic  # noqa: E402 - same directory
 
 PROM = "http://127.0.0.1:9090"
@@ -86,6 +88,7 @@ def test_a_killed_replica_is_restarted_by_systemd_while_requests_succeed(host):
     assert f"replica {REPLICAS[0]}/v1 is ready" in log, log[-2000:]
 
 
+@pytest.mark.extended  # the gateway has no database here
 def test_postgres_restart_leaves_the_gateway_unaffected(host):
     """The sandbox runs LiteLLM without database mode: a PostgreSQL restart must not touch it."""
     litellm = _unit(host, "litellm", "MainPID")["MainPID"]

