@@ -116,9 +116,15 @@ def test_a_key_over_its_rpm_gets_429_with_retry_after_across_workers(host, keys)
 def test_requests_and_spend_per_key_on_metrics(host, keys):
     _send(host, keys["notebook"], count=2)
     metrics_key = host.check_output(f"sed -n 's/^LABCTL_METRICS_KEY=//p' {ENV_FILE}")
-    text = host.check_output("python3 -c %s", "import ssl, urllib.request; print(urllib.request.urlopen(urllib.request.Request("
-                             f"'https://127.0.0.1:4000/metrics/', headers={{'Authorization': 'Bearer {metrics_key}'}}),"
-                             " timeout=30, context=ssl.create_default_context(cafile='/etc/labctl/tls/ca.crt')).read().decode())")
+    # LiteLLM books a request's metrics in a callback after the answer: poll a little.
+    for _ in range(20):
+        text = host.check_output("python3 -c %s", "import ssl, urllib.request; print(urllib.request.urlopen(urllib.request.Request("
+                                 f"'https://127.0.0.1:4000/metrics/', headers={{'Authorization': 'Bearer {metrics_key}'}}),"
+                                 " timeout=30, context=ssl.create_default_context(cafile='/etc/labctl/tls/ca.crt')).read().decode())")
+        if all(re.search(rf'^{m}{{[^}}]*api_key_alias="notebook"', text, re.M)
+               for m in ("litellm_requests_metric_total", "litellm_spend_metric_total")):
+            break
+        time.sleep(1)
     for metric in ("litellm_requests_metric_total", "litellm_spend_metric_total"):
         samples = re.findall(rf'^{metric}{{[^}}]*api_key_alias="notebook"[^}}]*}} ([0-9.e+-]+)$', text, re.M)
         assert samples and sum(float(s) for s in samples) > 0, (metric, [l for l in text.splitlines() if metric in l][:5])
