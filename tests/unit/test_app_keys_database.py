@@ -12,7 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -21,24 +21,15 @@ import pytest
 
 from labctl.keys import KeyStore, hash_key
 
+from .json_http import JSONHandler
+
 REPO = Path(__file__).resolve().parents[2]
 MASTER = "sk-master-test"
 
 
-class _KeyAPI(BaseHTTPRequestHandler):
+class _KeyAPI(JSONHandler):
     db: dict[str, dict[str, Any]] = {}
     calls: list[tuple[str, str, Any]] = []
-
-    def log_message(self, *args: Any) -> None:  # quiet
-        pass
-
-    def _answer(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def _authorized(self) -> bool:
         if self.headers.get("Authorization") != f"Bearer {MASTER}":

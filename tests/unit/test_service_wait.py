@@ -12,10 +12,12 @@ import threading
 import time
 import urllib.error
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from .json_http import JSONHandler
 
 REPO = Path(__file__).resolve().parents[2]
 _SPEC = importlib.util.spec_from_file_location("labctl_service_wait", REPO / "library" / "labctl_service_wait.py")
@@ -27,7 +29,7 @@ KEY = "sk-vllm-test-key"
 GUARDED = ("/v1", "/v2", "/inference", "/cohere")
 
 
-class _Replica(BaseHTTPRequestHandler):
+class _Replica(JSONHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         if self.path.startswith(GUARDED):
             scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
@@ -41,16 +43,6 @@ class _Replica(BaseHTTPRequestHandler):
         else:
             self._answer(404, {})
 
-    def _answer(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
