@@ -43,6 +43,10 @@ def test_renders_the_roles_config_for_the_inventorys_replicas(rendered: str) -> 
         slots + defaults["litellm_max_queued_requests_per_worker"])
     assert f"admits {slots} per worker" in rendered
     assert config["litellm_settings"]["callbacks"][-1] == "labctl_admission.admission"
+    # No key's hash as a label (LiteLLM labels refused requests with it), set before the callbacks start.
+    settings = list(config["litellm_settings"])
+    assert config["litellm_settings"]["prometheus_exclude_labels"] == ["hashed_api_key"]
+    assert settings.index("prometheus_exclude_labels") < settings.index("callbacks")
     assert config["router_settings"]["cooldown_time"] == defaults["litellm_cooldown_time"]
     # The bench inventory has no database; the secrets stay references to litellm.env.
     assert "database_url" not in config["general_settings"]

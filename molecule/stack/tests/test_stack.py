@@ -131,8 +131,10 @@ def _secrets(host) -> list[str]:
     key = host.check_output(f"grep '^LITELLM_MASTER_KEY=' {ENV_FILE} | cut -d= -f2-")
     assert key.startswith("sk-") and len(key) > 20
     secrets_dir = SECRETS_DIR
+    # secrets-id names the directory (preflight compares it with the host's /etc/labctl/secrets-id,
+    # 0644): an id, not a secret.
     secrets = [key] + [p.read_text().split()[0] for p in secrets_dir.iterdir()
-                       if p.is_file() and p.name != "app-keys.json" and p.read_text().strip()]
+                       if p.is_file() and p.name not in ("app-keys.json", "secrets-id") and p.read_text().strip()]
     assert len(secrets) >= 5, secrets_dir
     # The application keys' hashes (the store) and the keys made in this run.
     store = secrets_dir / "app-keys.json"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -104,11 +105,12 @@ def test_rules_load_and_evaluate(host):
     assert len([r for r in rules if r["type"] == "alerting"]) >= 10
     broken = [(r["name"], r.get("lastError")) for r in rules if r.get("health") not in ("ok", "unknown")]
     assert not broken, broken
-    # The healthy stack raises one alert: test_stack.py's drift check found the hand-changed
-    # sysctl file and left labctl_drift.prom saying so (labctl -> textfile -> node_exporter ->
-    # Prometheus -> alert, end to end). Nothing else fires.
+    # The healthy stack raises no alert but one: in make test-extended, test_stack.py's drift check
+    # found the hand-changed sysctl file and left labctl_drift.prom saying so (labctl -> textfile ->
+    # node_exporter -> Prometheus -> alert, end to end). make test skips that check: nothing fires.
     firing = sorted({r["name"] for r in rules if r["type"] == "alerting" and r["state"] == "firing"})
-    assert firing == ["ProvisioningDriftDetected"], f"alerts firing: {firing}"
+    expected = ["ProvisioningDriftDetected"] if os.environ.get("LABCTL_TEST_EXTENDED") == "1" else []
+    assert firing == expected, f"alerts firing: {firing}"
 
 
 def test_gpu_metrics_from_the_textfile_collector(host):
