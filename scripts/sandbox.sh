@@ -17,7 +17,7 @@ case "${1:-}" in
     fi
     docker rm -f "$name" >/dev/null 2>&1 || true
     docker run -d --name "$name" --hostname "$name" --network none \
-      --cap-add SYS_ADMIN --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+      --cap-add SYS_ADMIN --cap-add NET_ADMIN --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
       --cgroupns host -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock \
       "$image" >/dev/null
     for _ in $(seq 30); do

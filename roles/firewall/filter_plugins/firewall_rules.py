@@ -1,0 +1,107 @@
+"""The host firewall's rules for one host, from the lab's topology (lab_topology.flows and
+lab_topology.hosts, src/labctl/topology.py): who may reach which port. The template
+(labctl.nft.j2) writes them as nftables rules; nothing here touches the host."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _networks(values: Any, variable: str, problems: list[str]) -> list[Network]:
+    out: list[Network] = []
+    if values is None:
+        return out
+    if isinstance(values, str) or not isinstance(values, (list, tuple)):
+        problems.append(f"{variable} must be a list of networks in CIDR notation (10.20.0.0/16), got {values!r}")
+        return out
+    for value in values:
+        try:
+            out.append(ipaddress.ip_network(str(value).strip(), strict=True))
+        except ValueError as exc:
+            problems.append(f"{variable}: {value!r} is not a network in CIDR notation (10.20.0.0/16): {exc}")
+    return out
+
+
+def labctl_firewall_cidr_problems(values: Any, variable: str) -> list[str]:
+    """What is wrong with a list of networks (also preflight's check), each naming the variable."""
+    problems: list[str] = []
+    _networks(values, variable, problems)
+    return problems
+
+
+def _split(networks: list[Network]) -> dict[str, list[str]]:
+    unique = sorted(set(networks), key=lambda n: (n.version, n.network_address, n.prefixlen))
+    collapsed_v4 = ipaddress.collapse_addresses([n for n in unique if n.version == 4])
+    collapsed_v6 = ipaddress.collapse_addresses([n for n in unique if n.version == 6])
+
+    def text(n: Network) -> str:
+        return str(n.network_address) if n.prefixlen == n.max_prefixlen else str(n)
+
+    return {"v4": [text(n) for n in collapsed_v4], "v6": [text(n) for n in collapsed_v6]}
+
+
+def labctl_firewall_rules(flows: Any, hosts: Any, host: str, client_networks: Any, admin_networks: Any,
+                          control_node: str = "", ssh_ports: Any = (22,)) -> dict[str, Any]:
+    """The accept rules of ``host``'s inbound chain.
+
+    ``flows``: lab_topology.flows (each: to, port, service, from = host names or "clients");
+    ``hosts``: lab_topology.hosts (each with its address); ``control_node``: the address this
+    run's SSH connection comes from ('' when not over SSH). Returns ``ssh`` (ports and sources;
+    ``any`` when no source is known, so that nobody is locked out), ``rules`` (one per port:
+    service, port, v4 and v6 sources) and ``problems`` (each naming its variable or host).
+    Traffic of the host to itself passes the loopback interface and needs no rule.
+    """
+    problems: list[str] = []
+    clients = _networks(client_networks, "lab_firewall_client_networks", problems)
+    admins = _networks(admin_networks, "lab_firewall_admin_networks", problems)
+    peers: dict[str, Network] = {}
+    for name, entry in dict(hosts or {}).items():
+        address = str((entry or {}).get("address") or "")
+        try:
+            peers[str(name)] = ipaddress.ip_network(address)
+        except ValueError:
+            problems.append(f"{name}: its address {address!r} (lab_topology) is not an IP address, so no rule can name it")
+    ssh_sources = list(admins)
+    if control_node:
+        try:
+            ssh_sources.append(ipaddress.ip_network(control_node))
+        except ValueError:
+            problems.append(f"the control node's address {control_node!r} (SSH_CLIENT) is not an IP address")
+    ports = sorted({int(p) for p in (ssh_ports or [22])})
+    ssh = {"ports": ports, "any": not ssh_sources, **_split(ssh_sources)}
+
+    by_port: dict[int, dict[str, Any]] = {}
+    for flow in flows or []:
+        if str(flow.get("to")) != str(host):
+            continue
+        port = int(flow["port"])
+        rule = by_port.setdefault(port, {"port": port, "services": [], "sources": []})
+        if flow["service"] not in rule["services"]:
+            rule["services"].append(str(flow["service"]))
+        for source in flow.get("from") or []:
+            if source == "clients":
+                rule["sources"].extend(clients)
+            elif source == host:
+                continue
+            elif source in peers:
+                rule["sources"].append(peers[source])
+            else:
+                problems.append(f"{host}: flow to port {port} ({flow['service']}) names {source!r}, which is no host of the lab")
+    rules = []
+    for port in sorted(by_port):
+        rule = by_port[port]
+        if port in ports:
+            problems.append(f"{host}: port {port} ({', '.join(rule['services'])}) is also an SSH port (firewall_ssh_ports)")
+        rules.append({"port": port, "service": ", ".join(rule["services"]), **_split(rule["sources"])})
+    return {"ssh": ssh, "rules": rules, "problems": problems}
+
+
+class FilterModule:
+    def filters(self) -> dict[str, Any]:
+        return {
+            "labctl_firewall_rules": labctl_firewall_rules,
+            "labctl_firewall_cidr_problems": labctl_firewall_cidr_problems,
+        }

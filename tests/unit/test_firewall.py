@@ -1,0 +1,272 @@
+"""The host firewall (roles/firewall): its rules from the lab's topology, and the ruleset the role's
+own template renders (through ansible-playbook) loaded into the kernel of a network namespace, where
+real TCP connections from the other hosts' addresses show what is open to whom.
+
+Two namespaces joined by a veth pair: "host" holds one lab host's address and the ruleset, with
+listeners on its ports; "peer" holds the addresses of every other party (the other hosts, the control
+node, an admin network, a client network, an outsider) and connects from each in turn. Needs root
+and nft (make test runs as root; scripts/ensure-host-tools.sh installs nftables).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labctl.topology import lab_topology
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO / "roles" / "firewall" / "filter_plugins"))
+from firewall_rules import labctl_firewall_cidr_problems, labctl_firewall_rules  # noqa: E402
+
+# The scale-out shape: one gateway-and-monitoring host, two GPU hosts.
+ADDRESS = {"gw": "10.89.77.10", "gpu1": "10.89.77.11", "gpu2": "10.89.77.12"}
+CONTROL = "10.89.70.5"        # where the run's SSH comes from
+ADMIN_NET, ADMIN = "10.89.60.0/24", "10.89.60.7"
+CLIENT_NET, CLIENT = "192.168.7.0/24", "192.168.7.5"
+OUTSIDER = "172.30.1.9"
+
+
+def _topology() -> dict[str, Any]:
+    groups = {"lab": ["gw", "gpu1", "gpu2"], "gateway_hosts": ["gw"], "monitoring_hosts": ["gw"], "gpu_hosts": ["gpu1", "gpu2"]}
+    given = {h: {"ansible_host": a, "lab_expected_gpu_count": 2 if h != "gw" else 0} for h, a in ADDRESS.items()}
+    topo = lab_topology(groups, given, {}, gpu_source="inventory")
+    assert not topo["problems"], topo["problems"]
+    return topo
+
+
+def _rules(host: str, **overrides: Any) -> dict[str, Any]:
+    topo = _topology()
+    args: dict[str, Any] = {"client_networks": [CLIENT_NET], "admin_networks": [ADMIN_NET], "control_node": CONTROL}
+    args.update(overrides)
+    return labctl_firewall_rules(topo["flows"], topo["hosts"], host, args["client_networks"], args["admin_networks"],
+                                 args["control_node"], [22])
+
+
+def test_each_port_is_open_to_whom_the_topology_says() -> None:
+    gpu = _rules("gpu1")
+    assert not gpu["problems"]
+    assert gpu["ssh"] == {"ports": [22], "any": False, "v4": [ADMIN_NET, CONTROL], "v6": []}
+    # The replicas and the node exporter from the gateway-and-monitoring host only.
+    assert [(r["port"], r["service"], r["v4"]) for r in gpu["rules"]] == [
+        (8000, "vllm@0", [ADDRESS["gw"]]), (8001, "vllm@1", [ADDRESS["gw"]]), (9100, "node_exporter", [ADDRESS["gw"]])]
+    gw = _rules("gw")
+    # The gateway and Grafana from the clients; its own exporter from itself (loopback: no rule).
+    assert [(r["port"], r["service"], r["v4"]) for r in gw["rules"]] == [
+        (3000, "grafana", [CLIENT_NET]), (4000, "litellm", [CLIENT_NET]), (9100, "node_exporter", [])]
+
+
+def test_a_topology_change_changes_the_rules() -> None:
+    topo = _topology()
+    groups = {"lab": ["gw", "gpu1", "gpu2"], "gateway_hosts": ["gw", "gpu2"], "monitoring_hosts": ["gw"], "gpu_hosts": ["gpu1", "gpu2"]}
+    given = {h: {"ansible_host": a, "lab_expected_gpu_count": 2 if h != "gw" else 0} for h, a in ADDRESS.items()}
+    wider = lab_topology(groups, given, {}, gpu_source="inventory")
+    before = labctl_firewall_rules(topo["flows"], topo["hosts"], "gpu1", [CLIENT_NET], [], CONTROL)
+    after = labctl_firewall_rules(wider["flows"], wider["hosts"], "gpu1", [CLIENT_NET], [], CONTROL)
+    assert before["rules"][0]["v4"] == [ADDRESS["gw"]]
+    assert after["rules"][0]["v4"] == [ADDRESS["gw"], ADDRESS["gpu2"]]  # a second gateway reaches the replicas
+
+
+def test_ssh_stays_open_to_all_when_no_source_is_known_and_ipv6_goes_apart() -> None:
+    assert _rules("gpu1", admin_networks=[], control_node="")["ssh"]["any"] is True
+    both = _rules("gpu1", admin_networks=["fd00:5::/64", "10.1.0.0/16", "10.1.2.0/24"], control_node="")
+    assert both["ssh"] == {"ports": [22], "any": False, "v4": ["10.1.0.0/16"], "v6": ["fd00:5::/64"]}
+
+
+def test_bad_networks_and_addresses_are_named() -> None:
+    assert labctl_firewall_cidr_problems(["10.0.0.0/8"], "lab_firewall_client_networks") == []
+    problems = labctl_firewall_cidr_problems(["10.1.2.3/8", "clients", "300.1.0.0/16"], "lab_firewall_client_networks")
+    assert len(problems) == 3 and all(p.startswith("lab_firewall_client_networks: ") for p in problems), problems
+    assert "has host bits set" in problems[0]
+    assert labctl_firewall_cidr_problems("10.0.0.0/8", "lab_firewall_admin_networks")[0].startswith(
+        "lab_firewall_admin_networks must be a list")
+    topo = _topology()
+    topo["hosts"]["gw"]["address"] = "gw.lab.example"
+    out = labctl_firewall_rules(topo["flows"], topo["hosts"], "gpu1", ["10.0.0.0/33"], [], "")
+    assert any("lab_firewall_client_networks: '10.0.0.0/33'" in p for p in out["problems"]), out["problems"]
+    assert any(p.startswith("gw: its address 'gw.lab.example'") for p in out["problems"]), out["problems"]
+
+
+# -- the rendered ruleset in a kernel -----------------------------------------------------------------
+
+def _render(tmp_path: Path, host: str) -> Path:
+    """The role's template for ``host``, rendered by ansible-playbook with the role's defaults and
+    filter, validated with `nft -c` as the role's task does."""
+    out = tmp_path / f"{host}.nft"
+    playbook = tmp_path / "render.yml"
+    playbook.write_text(textwrap.dedent(f"""\
+        - name: Render the firewall
+          hosts: all
+          gather_facts: false
+          vars_files: [{REPO}/roles/firewall/defaults/main.yml]
+          tasks:
+            - name: Compute the rules as the role does
+              ansible.builtin.set_fact:
+                __firewall: >-
+                  {{{{ firewall_flows | labctl_firewall_rules(firewall_hosts, inventory_hostname, firewall_client_networks,
+                     firewall_admin_networks, '{CONTROL}', firewall_ssh_ports) }}}}
+            - name: Write the rules
+              ansible.builtin.template:
+                src: {REPO}/roles/firewall/templates/etc/labctl/firewall/labctl.nft.j2
+                dest: "{out}"
+                mode: "0640"
+                validate: nft -c -f %s
+        """))
+    extra = {"lab_topology": _topology(), "lab_firewall_client_networks": [CLIENT_NET], "lab_firewall_admin_networks": [ADMIN_NET],
+             "ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    env = dict(os.environ, ANSIBLE_FILTER_PLUGINS=str(REPO / "roles" / "firewall" / "filter_plugins"), ANSIBLE_FORCE_COLOR="0",
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / ".tmp"), ANSIBLE_HOME=str(tmp_path / ".ansible"))
+    run = subprocess.run([str(BIN / "ansible-playbook"), "-i", f"{host},", str(playbook), "-e", json.dumps(extra)],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=300, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    return out
+
+
+def _ns(name: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", "netns", "exec", name, *cmd], capture_output=True, text=True, check=check, timeout=60)
+
+
+@pytest.fixture()
+def netns() -> Iterator[tuple[str, str]]:
+    assert os.geteuid() == 0, "the firewall test loads rules into a network namespace: run as root (make test does)"
+    assert shutil.which("nft") and shutil.which("ip"), "nft and ip are missing: run scripts/ensure-host-tools.sh"
+    host, peer = f"lfw-h{os.getpid()}", f"lfw-p{os.getpid()}"
+    veth = f"lfw{os.getpid() % 100000}"
+    subprocess.run(["ip", "netns", "add", host], check=True)
+    subprocess.run(["ip", "netns", "add", peer], check=True)
+    try:
+        subprocess.run(["ip", "link", "add", f"{veth}a", "netns", host, "type", "veth", "peer", "name", f"{veth}b", "netns", peer],
+                       check=True)
+        _ns(host, "ip", "link", "set", f"{veth}a", "name", "eth0")
+        _ns(peer, "ip", "link", "set", f"{veth}b", "name", "eth0")
+        for ns in (host, peer):
+            _ns(ns, "ip", "link", "set", "lo", "up")
+            _ns(ns, "ip", "link", "set", "eth0", "up")
+        yield host, peer
+    finally:
+        subprocess.run(["ip", "netns", "del", host], check=False)
+        subprocess.run(["ip", "netns", "del", peer], check=False)
+
+
+_LISTEN = """
+import socket, sys, threading, time
+socks = []
+for port in map(int, sys.argv[1:]):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", port)); s.listen(64); socks.append(s)
+def serve(s):
+    while True:
+        c, _ = s.accept(); c.sendall(b"ok"); c.close()
+for s in socks:
+    threading.Thread(target=serve, args=(s,), daemon=True).start()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+_PROBE = """
+import json, socket, sys
+out = {}
+for pair in sys.argv[1:]:
+    source, port = pair.split(",")
+    s = socket.socket(); s.settimeout(0.5); s.bind((source, 0))
+    try:
+        s.connect((TARGET, int(port))); out[pair] = s.recv(2) == b"ok"
+    except OSError:
+        out[pair] = False
+    finally:
+        s.close()
+print(json.dumps(out))
+"""
+
+
+def _reachable(netns: tuple[str, str], target: str, pairs: list[tuple[str, int]]) -> dict[tuple[str, int], bool]:
+    _host, peer = netns
+    code = _PROBE.replace("TARGET", repr(target))
+    run = _ns(peer, sys.executable, "-c", code, *[f"{s},{p}" for s, p in pairs])
+    return {(s, int(p)): ok for key, ok in json.loads(run.stdout).items() for s, p in [key.split(",")]}
+
+
+def _address_the_pair(netns: tuple[str, str], me: str) -> None:
+    host, peer = netns
+    veth_peer = "eth0"
+    _ns(host, "ip", "addr", "add", f"{me}/32", "dev", "eth0")
+    for address in [*ADDRESS.values(), CONTROL, ADMIN, CLIENT, OUTSIDER]:
+        if address != me:
+            _ns(peer, "ip", "addr", "add", f"{address}/32", "dev", veth_peer)
+            _ns(host, "ip", "route", "add", f"{address}/32", "dev", "eth0")
+    _ns(peer, "ip", "route", "add", f"{me}/32", "dev", veth_peer)
+
+
+def _listen(netns: tuple[str, str], ports: list[int]) -> subprocess.Popen[str]:
+    host, _peer = netns
+    proc = subprocess.Popen(["ip", "netns", "exec", host, sys.executable, "-c", _LISTEN, *map(str, ports)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_a_gpu_host_opens_its_replicas_to_the_gateway_and_ssh_to_the_control_node(tmp_path: Path, netns: tuple[str, str]) -> None:
+    ruleset = _render(tmp_path, "gpu1")
+    host, peer = netns
+    me = ADDRESS["gpu1"]
+    _address_the_pair(netns, me)
+    listener = _listen(netns, [22, 8000, 8001, 9100, 4000, 5432])
+    try:
+        open_before = _reachable(netns, me, [(OUTSIDER, 8000), (ADDRESS["gpu2"], 5432)])
+        assert all(open_before.values()), f"the namespaces do not connect without the firewall: {open_before}"
+        _ns(host, "nft", "-f", str(ruleset))
+        # SSH is the chain's first rule.
+        listing = _ns(host, "nft", "list", "chain", "inet", "labctl", "input").stdout.splitlines()
+        first = next(line.strip() for line in listing if line.strip() and not line.strip().startswith(("table", "chain", "type", "#")))
+        assert first.startswith("tcp dport 22 ip saddr"), listing
+        expected = {
+            (CONTROL, 22): True, (ADMIN, 22): True, (ADDRESS["gw"], 22): False, (CLIENT, 22): False, (OUTSIDER, 22): False,
+            (ADDRESS["gw"], 8000): True, (ADDRESS["gw"], 8001): True, (ADDRESS["gw"], 9100): True,
+            (ADDRESS["gpu2"], 8000): False, (ADDRESS["gpu2"], 9100): False, (CLIENT, 8000): False, (CONTROL, 8000): False,
+            (ADDRESS["gw"], 4000): False, (CLIENT, 4000): False, (ADDRESS["gw"], 5432): False, (OUTSIDER, 9100): False,
+        }
+        assert _reachable(netns, me, list(expected)) == expected
+        # A connection open while the rules are loaded again (a re-run, a change) keeps working.
+        keep = _ns(peer, sys.executable, "-c", textwrap.dedent(f"""\
+            import socket, subprocess
+            s = socket.socket(); s.bind(({CONTROL!r}, 0)); s.connect(({me!r}, 22)); s.settimeout(5)
+            subprocess.run(["ip", "netns", "exec", {host!r}, "nft", "-f", {str(ruleset)!r}], check=True)
+            print(s.recv(2).decode())
+            """))
+        assert keep.stdout.strip() == "ok", keep.stderr
+        # Loading twice leaves one table, the same rules.
+        assert _ns(host, "nft", "list", "tables").stdout.split().count("labctl") == 1
+    finally:
+        listener.kill()
+
+
+def test_the_gateway_host_opens_the_gateway_and_grafana_to_the_clients(tmp_path: Path, netns: tuple[str, str]) -> None:
+    ruleset = _render(tmp_path, "gw")
+    host, _peer = netns
+    me = ADDRESS["gw"]
+    _address_the_pair(netns, me)
+    listener = _listen(netns, [22, 3000, 4000, 9090, 9100, 5432, 6379])
+    try:
+        _ns(host, "nft", "-f", str(ruleset))
+        expected = {
+            (CLIENT, 4000): True, (CLIENT, 3000): True, (OUTSIDER, 4000): False, (ADDRESS["gpu1"], 4000): False,
+            (ADDRESS["gpu1"], 9100): False, (CLIENT, 9090): False, (ADDRESS["gpu1"], 5432): False, (ADDRESS["gpu2"], 6379): False,
+            (CONTROL, 22): True,
+        }
+        assert _reachable(netns, me, list(expected)) == expected
+        # From the host itself (loopback), everything it serves answers.
+        local = _ns(host, sys.executable, "-c", "import socket; [socket.create_connection(('127.0.0.1', p), 1).close() for p in "
+                    "(3000, 4000, 9090, 9100, 5432, 6379)]; print('ok')")
+        assert local.stdout.strip() == "ok"
+    finally:
+        listener.kill()
