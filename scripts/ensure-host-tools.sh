@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make sure this (Debian/Ubuntu, root) machine can run the test harness: a Docker engine that
 # answers, debootstrap for the base image, gpg/gpgv and dpkg-deb for bundles, promtool, rsync (the
-# model_weights role's push from the control node, tests/unit/test_model_stage_role.py).
+# model_weights role's push from the control node, tests/unit/test_model_stage_role.py), nft and ip.
 # Installs docker.io and starts dockerd only when no engine answers.
 set -euo pipefail
 
@@ -11,6 +11,8 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v gpg >/dev/null || need+=(gnupg)
 command -v gpgv >/dev/null || need+=(gpgv)
 command -v rsync >/dev/null || need+=(rsync)
+command -v nft >/dev/null || need+=(nftables)   # tests/unit/test_firewall.py: rules in a network namespace
+command -v ip >/dev/null || need+=(iproute2)
 if ((${#need[@]})); then
   [[ $(id -u) == 0 ]] || { echo "missing ${need[*]}: run as root or install them" >&2; exit 1; }
   echo "installing ${need[*]}" >&2

@@ -142,7 +142,8 @@ def test_control_source_is_pushed_with_rsync_and_verified(tmp_path: Path, name: 
     assert not (model / "current").exists()
     (source / "config.json").write_bytes(good)
     out = ok(play(tmp_path, name, "r1", source=source, kind="control"))
-    assert link(model) == "r1" and sha(model / "r1" / "model.safetensors") == sha(source / "model.safetensors")
-    assert "keep (done earlier) 1 file(s)" in out  # the weights file was hashed by the failed run already
+    assert link(model) == "r1" and sha(model / "r1" / "model.safetensors") == sha(source / "model.safetensors"), out[-3000:]
+    # The weights file was hashed by the failed run already.
+    assert "keep (done earlier) 1 file(s)" in out, failed.stdout[-3000:] + "\n----- second run -----\n" + out[-3000:]
     again = play(tmp_path, name, "r1", source=source, kind="control")
     assert "changed=0" in recap(again), again.stdout[-3000:]

@@ -178,29 +178,57 @@ def test_prometheus_scrapes_every_target_of_every_host():
 
 
 # What another host on the internal network reaches, by design: the gateway's LiteLLM (the one
-# entry point), and, from the gateway/monitoring host, the replicas and exporters. PostgreSQL,
-# Redis, Prometheus and the gateway's own exporter listen on loopback. The replicas are open to
-# the whole internal network (no host firewall: the network itself is the boundary, see the
-# runbook), so one GPU host reaches the other's replicas.
+# entry point: the internal network is among the client networks), and, from the gateway/monitoring
+# host, the replicas and exporters. PostgreSQL, Redis, Prometheus and the gateway's own exporter
+# listen on loopback, and the host firewall (roles/firewall) drops what no rule opens: a connection
+# to a closed port gets no answer ("timeout"), so one GPU host does not reach the other's replicas
+# or exporters, nor the gateway host's datastores.
 @pytest.mark.parametrize(
     ("source", "target", "port", "expected"),
     [
         ("labctl-scaleout-gpu1", GW, 4000, "open"),
-        ("labctl-scaleout-gpu1", GW, 5432, "refused"),
-        ("labctl-scaleout-gpu1", GW, 6379, "refused"),
-        ("labctl-scaleout-gpu1", GW, 9090, "refused"),
-        ("labctl-scaleout-gpu1", GW, 9100, "refused"),
-        ("labctl-scaleout-gpu2", GW, 5432, "refused"),
-        ("labctl-scaleout-gpu2", GW, 6379, "refused"),
-        ("labctl-scaleout-gpu2", GW, 9090, "refused"),
+        ("labctl-scaleout-gpu1", GW, 5432, "timeout"),
+        ("labctl-scaleout-gpu1", GW, 6379, "timeout"),
+        ("labctl-scaleout-gpu1", GW, 9090, "timeout"),
+        ("labctl-scaleout-gpu1", GW, 9100, "timeout"),
+        ("labctl-scaleout-gpu2", GW, 5432, "timeout"),
+        ("labctl-scaleout-gpu2", GW, 6379, "timeout"),
+        ("labctl-scaleout-gpu2", GW, 9090, "timeout"),
         (GW, "labctl-scaleout-gpu1", 8000, "open"),
         (GW, "labctl-scaleout-gpu2", 8001, "open"),
         (GW, "labctl-scaleout-gpu2", 9100, "open"),
-        ("labctl-scaleout-gpu1", "labctl-scaleout-gpu2", 8000, "open"),
+        ("labctl-scaleout-gpu1", "labctl-scaleout-gpu2", 8000, "timeout"),
+        ("labctl-scaleout-gpu1", "labctl-scaleout-gpu2", 9100, "timeout"),
+        ("labctl-scaleout-gpu2", "labctl-scaleout-gpu1", 8001, "timeout"),
     ],
 )
 def test_reachability_between_hosts_is_what_the_design_says(source, target, port, expected):
     assert _connect(source, ADDRESS[target], port) == expected
+
+
+def test_from_the_gateway_a_replica_answers_only_with_the_replicas_key():
+    url = REPLICAS[("labctl-scaleout-gpu1", 0)] + "/v1/models"
+    code = REPLICA_REQUEST + f"""
+import urllib.error
+codes = []
+for request in (urllib.request.Request({url!r}), urllib.request.Request({url!r}, headers={{'Authorization': 'Bearer sk-vllm-wrong'}}),
+                replica({url!r})):
+    try:
+        codes.append(urllib.request.urlopen(request, timeout=30).status)
+    except urllib.error.HTTPError as e:
+        codes.append(e.code)
+print(codes)
+"""
+    assert _py(GW, code).strip() == "[401, 401, 200]"
+
+
+def test_every_host_runs_the_firewall_from_the_topology():
+    for name in [GW, *GPU_HOSTS]:
+        assert _docker("exec", name, "systemctl", "is-active", "labctl-firewall.service").strip() == "active"
+        chain = _docker("exec", name, "nft", "list", "chain", "inet", "labctl", "input")
+        assert "policy drop;" in chain
+    gpu = _docker("exec", "labctl-scaleout-gpu1", "nft", "list", "chain", "inet", "labctl", "input")
+    assert f"tcp dport 8000 ip saddr {ADDRESS[GW]} accept" in gpu, gpu
 
 
 def test_a_gpu_host_taken_down_mid_run_is_routed_around():

@@ -118,13 +118,15 @@ def _bundle(mutate: Callable[[Path], None]) -> Iterator[list[str]]:
 class Run:
     """One site.yml run with several bad inputs: preflight, like the bundle verification, reports
     every problem it finds at once, and any one of them stops the run. So each cause's test checks
-    its own message in a shared run; four runs cover the thirteen causes."""
+    its own message in a shared run; four runs cover the fifteen causes."""
 
     extra: list[str]
     # The task that stops the run: preflight's, or the bundle verification on the control node.
     stops_in: str
     bundle: Callable[[Path], None] | None = None
     full_disk: bool = False
+    # ufw switched on (its settings file says ENABLED=yes) during the run.
+    ufw_on: bool = False
 
 
 def _bad_tls_files() -> list[str]:
@@ -164,8 +166,9 @@ RUNS = {
     # Variables, GPUs, ports, disk and a well-signed bundle with a wrong tokenizer file.
     "preflight": Run(["-e", "vllm_replica_count=3", "-e", "vlm_max_model_len=256", "-e", "lab_vllm_replicas=3", "-e", "lab_litellm_port=8001",
                       "-e", f"lab_model_root={FULL}/models", "-e", "preflight_disk_headroom_gib=0", *_bad_tls_files(),
-                      "-e", json.dumps({"lab_app_keys": [{"name": "notebook", "class": "urgent", "sha256": "0" * 64}]})],
-                     PREFLIGHT, bundle=_wrong_tiktoken, full_disk=True),
+                      "-e", json.dumps({"lab_app_keys": [{"name": "notebook", "class": "urgent", "sha256": "0" * 64}],
+                                        "lab_firewall_client_networks": ["10.20.0.0/16", "10.1.2.3/8"]})],
+                     PREFLIGHT, bundle=_wrong_tiktoken, full_disk=True, ufw_on=True),
     # A well-signed bundle without the model (its own run: with no model the disk check has nothing to size).
     "no-model": Run([], PREFLIGHT, bundle=_without_model),
     # Another secrets directory than the lab's: stopped before any secret is read (and so generated).
@@ -185,6 +188,8 @@ CASES = {
     "tls-key-not-the-certificates": ("preflight", ["other.key is not the key of lab_tls_cert_file "]),
     "tls-expired-certificate": ("preflight", ["server.crt expired on "]),
     "app-key-class": ("preflight", ["got: urgent found in lab_app_keys"]),
+    "client-network-not-a-cidr": ("preflight", ["lab_firewall_client_networks: '10.1.2.3/8' is not a network in CIDR notation"]),
+    "ufw-on": ("preflight", ["ufw is active: a connection would have to pass its rules and labctl's firewall both"]),
     "wrong-tiktoken": ("preflight", ["has a wrong tiktoken/o200k_base.tiktoken: sha256 223921b7", "openai-harmony expects 446a9538"]),
     "bundle-without-the-model": ("no-model", ["has no model tiny-llama revision r1 (lab_model_name, lab_model_revision): it carries no model at all"]),
     "secrets-dir-not-the-labs": ("secrets", [f"lab_secrets_dir={NO_SECRETS} has no secrets-id",
@@ -221,6 +226,19 @@ def _traffic(host) -> Iterator[dict[str, Any]]:
 
 
 @contextmanager
+def _ufw_on(host, wanted: bool) -> Iterator[None]:
+    """ufw on, as far as its settings file tells (the test image has no ufw package)."""
+    if not wanted:
+        yield
+        return
+    host.run_test("mkdir -p /etc/ufw && printf 'ENABLED=yes\\nLOGLEVEL=low\\n' > /etc/ufw/ufw.conf")
+    try:
+        yield
+    finally:
+        host.run_test("rm -rf /etc/ufw")
+
+
+@contextmanager
 def _full_disk(host, wanted: bool) -> Iterator[None]:
     """A 1 MiB file system where the model root will be (the tiny model needs 1.3 MiB)."""
     if not wanted:
@@ -241,7 +259,8 @@ def _run(host, key: str) -> dict[str, Any]:
     spec = RUNS[key]
     pids, files = _main_pids(host), _snapshot(host)
     started = time.monotonic()
-    with _full_disk(host, spec.full_disk), (_bundle(spec.bundle) if spec.bundle else _nothing()) as bundle_args, _traffic(host) as traffic:
+    with (_full_disk(host, spec.full_disk), _ufw_on(host, spec.ufw_on),
+          (_bundle(spec.bundle) if spec.bundle else _nothing()) as bundle_args, _traffic(host) as traffic):
         result = _site(*spec.extra, *(bundle_args or []), timeout=600)
     seconds = round(time.monotonic() - started, 1)
     TIMES[key] = seconds
