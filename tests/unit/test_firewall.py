@@ -96,6 +96,8 @@ def test_bad_networks_and_addresses_are_named() -> None:
     out = labctl_firewall_rules(topo["flows"], topo["hosts"], "gpu1", ["10.0.0.0/33"], [], "")
     assert any("lab_firewall_client_networks: '10.0.0.0/33'" in p for p in out["problems"]), out["problems"]
     assert any(p.startswith("gw: its address 'gw.lab.example'") for p in out["problems"]), out["problems"]
+    # A host's own address is never needed: one host without a default route builds its rules.
+    assert not labctl_firewall_rules(topo["flows"], topo["hosts"], "gw", [CLIENT_NET], [], "")["problems"]
 
 
 # -- the rendered ruleset in a kernel -----------------------------------------------------------------

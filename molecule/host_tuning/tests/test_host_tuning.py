@@ -65,3 +65,22 @@ def test_governor_unit_is_enabled_and_skips_without_cpufreq(host):
     assert not host.file("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").exists
     # Condition not met in a container: the unit is skipped, not failed.
     assert host.run("systemctl is-failed labctl-cpu-governor.service").stdout.strip() != "failed"
+
+
+def test_the_firewall_is_loaded_with_ssh_first_and_the_topologys_ports(host):
+    """One host that is GPU, gateway and monitoring host at once: the replicas and the exporter are
+    on loopback (no rule), the gateway and Grafana open to the client networks, SSH to the admin
+    network only, first. Loaded by its unit now and at boot."""
+    unit = host.service("labctl-firewall.service")
+    assert unit.is_enabled and unit.is_running
+    conf = host.file("/etc/labctl/firewall/labctl.nft")
+    assert (conf.user, conf.group, conf.mode) == ("root", "root", 0o640)
+    chain = host.check_output("nft list chain inet labctl input")
+    assert "type filter hook input priority filter - 10; policy drop;" in chain, chain
+    rules = [line.strip() for line in chain.splitlines()
+             if line.strip() and not line.strip().startswith(("table", "chain", "type", "#", "}"))]
+    assert rules[0] == "tcp dport 22 ip saddr 10.99.0.0/16 accept", rules
+    clients = "{ 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 }"
+    assert [r for r in rules if r.startswith("tcp dport") and "dport 22 " not in r] == [
+        f"tcp dport 3000 ip saddr {clients} accept", f"tcp dport 4000 ip saddr {clients} accept"], rules
+    assert host.check_output("nft list tables").split().count("labctl") == 1

@@ -57,13 +57,20 @@ def labctl_firewall_rules(flows: Any, hosts: Any, host: str, client_networks: An
     problems: list[str] = []
     clients = _networks(client_networks, "lab_firewall_client_networks", problems)
     admins = _networks(admin_networks, "lab_firewall_admin_networks", problems)
-    peers: dict[str, Network] = {}
-    for name, entry in dict(hosts or {}).items():
-        address = str((entry or {}).get("address") or "")
+    addresses = {str(name): str((entry or {}).get("address") or "") for name, entry in dict(hosts or {}).items()}
+    unusable: set[str] = set()
+
+    def peer(name: str) -> Network | None:
+        """Another host's address, as a rule names it (only the hosts a rule names need one)."""
         try:
-            peers[str(name)] = ipaddress.ip_network(address)
+            return ipaddress.ip_network(addresses[name])
         except ValueError:
-            problems.append(f"{name}: its address {address!r} (lab_topology) is not an IP address, so no rule can name it")
+            if name not in unusable:
+                unusable.add(name)
+                problems.append(f"{name}: its address {addresses[name]!r} (lab_topology: no default IPv4 route) is not an IP "
+                                f"address, so no rule of {host} can name it: set ansible_host to the IP address it reaches "
+                                f"{host} from")
+            return None
     ssh_sources = list(admins)
     if control_node:
         try:
@@ -86,8 +93,10 @@ def labctl_firewall_rules(flows: Any, hosts: Any, host: str, client_networks: An
                 rule["sources"].extend(clients)
             elif source == host:
                 continue
-            elif source in peers:
-                rule["sources"].append(peers[source])
+            elif source in addresses:
+                address = peer(source)
+                if address is not None:
+                    rule["sources"].append(address)
             else:
                 problems.append(f"{host}: flow to port {port} ({flow['service']}) names {source!r}, which is no host of the lab")
     rules = []
