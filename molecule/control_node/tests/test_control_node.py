@@ -308,7 +308,8 @@ def test_changed_schedule_restarts_the_timer_not_a_running_run(host):
     ({"control_node_labctl": "/opt/labctl/inventories/lab/hosts.yml"}, "control_node_labctl: /opt/labctl/inventories/lab/hosts.yml is not an executable"),
     ({"control_node_user": "nosuchuser"}, "control_node_user: no user nosuchuser"),
     ({"control_node_timeout": "two hours"}, "control_node_timeout: 'two hours' is not a systemd time span"),
-], ids=["inventory-missing", "inventory-relative", "schedule", "labctl", "user", "timeout"])
+    ({"control_node_user": "root"}, "control_node_user=root is root: the runs would execute the checkout's code"),
+], ids=["inventory-missing", "inventory-relative", "schedule", "labctl", "user", "timeout", "root"])
 def test_bad_input_is_refused_before_anything_changes(host, extra, named):
     before = _snapshot(host)
     # Valid changes next to the bad value: had the role gone on, these files would differ.
@@ -321,3 +322,22 @@ def test_bad_input_is_refused_before_anything_changes(host, extra, named):
     assert recap["changed"] == 0 and recap["failed"] == 1, recap
     assert _snapshot(host) == before
     assert not host.file(f"{UNIT_DIR}/labctl-provision.timer").exists
+
+
+@pytest.mark.parametrize(("setup", "named"), [
+    ("install -o labops -m 0644 /dev/null /opt/labctl/site.yml.labops", "/opt/labctl/site.yml.labops labops 644"),
+    ("chmod 0777 /opt/labctl/.venv/bin", "/opt/labctl/.venv/bin root 777"),
+], ids=["file-of-the-runs-user", "world-writable-venv"])
+def test_a_checkout_others_can_change_is_refused(host, setup, named):
+    """The runs' user (or anyone) able to change the checkout or the virtualenv could change what
+    the runs execute: refused before anything changes, naming the path."""
+    before = _snapshot(host)
+    host.run_test(setup)
+    try:
+        result = _playbook(control_node_provision_schedule="Sun *-*-* 04:00:00")
+    finally:
+        host.run_test("rm -f /opt/labctl/site.yml.labops && chmod 0755 /opt/labctl/.venv/bin")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and named in output and "could change what the runs execute" in output, output[-3000:]
+    assert _recap(result)["changed"] == 0
+    assert _snapshot(host) == before

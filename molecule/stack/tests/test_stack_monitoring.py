@@ -126,6 +126,12 @@ def test_gpu_metrics_from_the_textfile_collector(host):
     assert 0 < float(store["data"]["result"][0]["value"][1]) <= 1
     timer = host.check_output("systemctl show -p ActiveState --value labctl-node-metrics.timer")
     assert timer == "active"
+    # The collector runs as its own user (not root); its readings land in the textfile directory.
+    assert host.check_output("systemctl show -p User --value labctl-node-metrics.service") == "labctl-metrics"
+    gpu = host.file("/var/lib/prometheus/node-exporter/labctl_gpu.prom")
+    assert gpu.user == "labctl-metrics" and gpu.mode == 0o644
+    groups = host.check_output("id -nG labctl-metrics").split()
+    assert "systemd-journal" in groups and "root" not in groups, groups
 
 
 def _label_names_exist(host, selector: str) -> str | None:
