@@ -262,26 +262,12 @@ def test_replicas_listen_on_loopback_only_the_gateway_on_all_addresses(host):
     assert "0.0.0.0:4000" in listening
 
 
-def test_the_host_firewall_is_on_and_derived_from_the_topology(host):
-    """labctl-firewall.service loaded table inet labctl at its start and at boot: inbound drop, SSH
-    first (open to all here: the run does not come over SSH and no admin network is set), the
-    gateway and Grafana from the client networks, and no rule for the replicas or the exporters,
-    which this one-host lab keeps on loopback. (Packets: tests/unit/test_firewall.py; hosts apart:
-    the scaleout scenario.)"""
-    unit = host.service("labctl-firewall.service")
-    assert unit.is_enabled and unit.is_running
-    chain = host.check_output("nft list chain inet labctl input")
-    assert "policy drop;" in chain, chain
-    rules = [line.strip() for line in chain.splitlines()
-             if line.strip() and not line.strip().startswith(("table", "chain", "type", "#", "}"))]
-    assert rules[0] == "tcp dport 22 accept", rules
-    clients = "{ 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 }"
-    assert f"tcp dport 4000 ip saddr {clients} accept" in rules, rules
-    assert f"tcp dport 3000 ip saddr {clients} accept" in rules, rules
-    assert not [r for r in rules if re.search(r"dport (800[01]|9100|9090|5432|6379)\b", r)], rules
-    # The only table it touches is its own; loading it again (a reload) keeps one.
-    host.run_test("systemctl reload labctl-firewall.service")
-    assert host.check_output("nft list tables").split().count("labctl") == 1
+def test_the_whole_stack_serves_with_the_host_firewall_on(host):
+    """Every test here runs with labctl-firewall.service's table loaded (inbound drop): the services
+    reach each other over loopback. Its rules: molecule host_tuning (this one-host shape) and
+    tests/unit/test_firewall.py (packets, three hosts)."""
+    assert host.service("labctl-firewall.service").is_running
+    assert "policy drop;" in host.check_output("nft list chain inet labctl input")
 
 
 def test_gateway_health_needs_no_key_metrics_the_metrics_key(host):
