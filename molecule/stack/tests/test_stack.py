@@ -254,6 +254,21 @@ def test_the_gateway_unit_is_hardened(host):
     assert "RestrictNamespaces=yes" in shown and "SystemCallFilter=" in shown and "SystemCallFilter=\n" not in shown + "\n"
 
 
+def test_the_replica_unit_is_hardened_but_keeps_the_gpus(host):
+    """vllm@: no capabilities, no namespaces, no kernel log, 0027 files; no device allow-list,
+    so NVML and CUDA reach every /dev/nvidia* (an allow-list waits for a GPU host to check it)."""
+    report = host.run("systemd-analyze security --no-pager vllm@0.service")
+    score = re.search(r"Overall exposure level for vllm@0\.service: ([0-9.]+)", report.stdout)
+    assert score, report.stdout[-2000:] + report.stderr
+    _report(vllm_exposure=float(score.group(1)))
+    shown = host.check_output("systemctl show vllm@0 -p CapabilityBoundingSet -p UMask -p RestrictNamespaces -p ProtectKernelLogs"
+                              " -p DevicePolicy -p PrivateDevices -p NoNewPrivileges")
+    for setting in ("UMask=0027", "RestrictNamespaces=yes", "ProtectKernelLogs=yes", "DevicePolicy=auto", "PrivateDevices=no",
+                    "NoNewPrivileges=yes"):
+        assert setting in shown.splitlines(), (setting, shown)
+    assert "CapabilityBoundingSet=" in shown.splitlines(), shown
+
+
 def test_replicas_listen_on_loopback_only_the_gateway_on_all_addresses(host):
     listening = host.check_output("ss -Hltn")
     for port in (8000, 8001):
