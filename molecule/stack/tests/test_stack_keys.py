@@ -46,6 +46,8 @@ def loop():
     n = 0
     while (stop != "-" and not os.path.exists(stop)) or (stop == "-" and n < count):
         one(); n += 1
+        if stop != "-" and out[-1]["code"] != 200:
+            time.sleep(0.25)  # refused: do not flood the gateway with refusals until told to stop
 workers = [threading.Thread(target=loop) for _ in range(threads)]
 for w in workers: w.start()
 for w in workers: w.join()
@@ -134,7 +136,7 @@ def test_requests_and_spend_per_key_on_metrics(host, keys):
 
 
 def test_a_revoked_key_is_refused_at_once_and_its_streams_in_flight_end(host, keys):
-    """Six threads stream with the key back to back while `labctl keys revoke` runs: every request
+    """Three threads stream with the key back to back while `labctl keys revoke` runs: every request
     that started before the gateway's file changed ends with [DONE] (some end after it), every one
     that starts after it gets 401; the proxy is not restarted."""
     pid = host.check_output("systemctl show -p MainPID --value litellm")
@@ -142,7 +144,7 @@ def test_a_revoked_key_is_refused_at_once_and_its_streams_in_flight_end(host, ke
     host.run_test(f"rm -f {stop}")
     container = host.check_output("hostname")
     sender = subprocess.Popen(["docker", "exec", "-i", container, "python3", "-c", _SEND, keys["notebook"], PUBLIC, "0", "1",
-                               "400", stop, "6"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               "150", stop, "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)
     revoked = _labctl("revoke", "notebook")
     time.sleep(3)
