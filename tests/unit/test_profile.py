@@ -28,7 +28,10 @@ def test_shipped_profiles_load() -> None:
     assert lab.spec.target.abi == "cp312"
     optional = {s.name for s in lab.spec.apt.sources if s.optional}
     assert optional == {"grafana"}  # NVIDIA's repository is required: no GPU bundle without the driver
-    assert set(lab.spec.apt.groups) == {"kernel", "database", "nvidia", "grafana"}
+    assert set(lab.spec.apt.groups) == {"kernel", "database", "nvidia", "grafana", "firewall"}
+    # Debian 12's base system has nftables: no firewall group there (the bundle part test checks
+    # every wanted package is bundled, and the base's are not).
+    assert "firewall" not in load_profile("lab", "debian-12").spec.apt.groups
 
 
 def test_profile_by_path(tmp_path: Path) -> None:
