@@ -28,7 +28,9 @@ from labctl.topology import lab_topology
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "roles" / "firewall" / "filter_plugins"))
-from firewall_rules import labctl_firewall_cidr_problems, labctl_firewall_rules  # noqa: E402
+sys.path.insert(0, str(REPO / "roles" / "preflight" / "filter_plugins"))
+from firewall_rules import labctl_firewall_rules  # noqa: E402
+from preflight_firewall import labctl_preflight_network_problems as labctl_firewall_cidr_problems  # noqa: E402
 
 # The scale-out shape: one gateway-and-monitoring host, two GPU hosts.
 ADDRESS = {"gw": "10.89.77.10", "gpu1": "10.89.77.11", "gpu2": "10.89.77.12"}

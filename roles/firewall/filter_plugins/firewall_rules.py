@@ -25,13 +25,6 @@ def _networks(values: Any, variable: str, problems: list[str]) -> list[Network]:
     return out
 
 
-def labctl_firewall_cidr_problems(values: Any, variable: str) -> list[str]:
-    """What is wrong with a list of networks (also preflight's check), each naming the variable."""
-    problems: list[str] = []
-    _networks(values, variable, problems)
-    return problems
-
-
 def _split(networks: list[Network]) -> dict[str, list[str]]:
     unique = sorted(set(networks), key=lambda n: (n.version, n.network_address, n.prefixlen))
     collapsed_v4 = ipaddress.collapse_addresses([n for n in unique if n.version == 4])
@@ -112,5 +105,4 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_firewall_rules": labctl_firewall_rules,
-            "labctl_firewall_cidr_problems": labctl_firewall_cidr_problems,
         }
