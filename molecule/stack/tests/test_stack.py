@@ -277,6 +277,17 @@ def test_the_replica_unit_is_hardened_but_keeps_the_gpus(host):
     allowed = re.search(r"^SystemCallFilter=(.*)$", shown, re.M).group(1).split()
     assert allowed and allowed[0] != "~" and {"ioctl", "mmap", "sched_setaffinity", "mbind"} <= set(allowed), shown[:400]
     assert "ptrace" not in allowed and "mount" not in allowed and "kexec_load" not in allowed
+    # What the kernel holds the running replica to: its cgroup's device list (the devices
+    # controller of cgroup v1, as on this machine). The standard devices (memory devices 1:*,
+    # tty 5:*, ptys 136:*), the real-time clock read-only (ProtectClock=) and NVIDIA's groups
+    # where the kernel has them (not here), nothing else, and never "a *:* rwm" (all).
+    listed = host.run("cat $(find /sys/fs/cgroup/devices -type d -name 'vllm@0.service' | head -n 1)/devices.list")
+    assert listed.rc == 0 and listed.stdout.strip(), listed.stderr
+    groups = dict(reversed(line.split()) for line in
+                  host.check_output("sed -n '/^Character/,/^$/p' /proc/devices | tail -n +2").splitlines() if line.strip())
+    allowed_majors = {"1", "5", "136"} | {major for name, major in groups.items() if name == "rtc" or name.startswith("nvidia")}
+    majors = {line.split()[1].split(":")[0] for line in listed.stdout.splitlines()}
+    assert majors <= allowed_majors and not listed.stdout.startswith("a "), listed.stdout
 
 
 def test_replicas_listen_on_loopback_only_the_gateway_on_all_addresses(host):
