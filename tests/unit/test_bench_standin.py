@@ -171,13 +171,14 @@ def test_exit_switch_ends_the_process(tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         # --port 0: find the port the process listens on from /proc.
+        # 60 s: the start (imports) took past 10 s once while the stack scenario loaded both cores.
         port = 0
-        deadline = time.monotonic() + 10
-        while not port and time.monotonic() < deadline:
+        deadline = time.monotonic() + 60
+        while not port and time.monotonic() < deadline and proc.poll() is None:
             out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
             port = next((int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if f"pid={proc.pid}," in line), 0)
             time.sleep(0.05)
-        assert port, "stand-in did not listen"
+        assert port, f"stand-in did not listen (exit code {proc.poll()})"
         req = urllib.request.Request(f"http://127.0.0.1:{port}/bench/fault", data=b'{"mode": "exit", "code": 3}')
         with pytest.raises(OSError):
             urllib.request.urlopen(req, timeout=5)
