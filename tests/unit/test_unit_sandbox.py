@@ -19,6 +19,7 @@ from typing import Any
 
 import jinja2
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -117,13 +118,39 @@ def test_the_allow_list_matches_every_nvidia_group_and_nothing_else() -> None:
 
 # --- DCGM exporter, the GPU collector, the firewall -----------------------------------------------
 
+# NVIDIA's nvidia-dcgm.service, as DCGM's sources write it (NVIDIA/DCGM,
+# config-files/systemd/nvidia-dcgm.service.in, CMAKE_INSTALL_BINDIR=bin; the core package's file list,
+# scripts/verify_package_contents/datacenter-gpu-manager-core_amd64.deb.txt, holds it). No --port or
+# --domain-socket: nv-hostengine listens on TCP 127.0.0.1:5555, the exporter's default -r.
+EXPORTER_DEFAULTS = yaml.safe_load((REPO / "roles" / "node_exporter" / "defaults" / "main.yml").read_text())
+NVIDIA_DCGM_UNIT = """[Unit]
+Description=NVIDIA DCGM service
+After=nvidia-gpu-reset.target
+Wants=nvidia-gpu-reset.target
+
+[Service]
+User=root
+PrivateTmp=false
+Environment="DCGM_HOME_DIR=/var/log/nvidia-dcgm"
+ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm
+Restart=on-abort
+
+[Install]
+Alias=dcgm.service
+WantedBy=multi-user.target
+"""
+
+
 def test_the_dcgm_exporter_is_a_throwaway_user_reading_nvidias_host_engine(tmp_path: Path) -> None:
     text = _render(REPO / "roles" / "node_exporter" / "templates" / "labctl-dcgm-exporter.service.j2",
                    node_exporter_dcgm_exporter_binary="/usr/bin/dcgm-exporter", __node_exporter_listen="10.0.0.5",
-                   node_exporter_dcgm_port=9400, node_exporter_dcgm_hostengine="127.0.0.1:5555",
-                   node_exporter_dcgm_hostengine_service="nvidia-dcgm.service")
-    # What the exporter requires: NVIDIA's unit, which datacenter-gpu-manager-4-core installs.
-    (tmp_path / "nvidia-dcgm.service").write_text("[Service]\nExecStart=/bin/true\n")
+                   node_exporter_dcgm_port=9400,
+                   # The role's own defaults, checked against NVIDIA's unit below.
+                   node_exporter_dcgm_hostengine=EXPORTER_DEFAULTS["node_exporter_dcgm_hostengine"],
+                   node_exporter_dcgm_hostengine_service=EXPORTER_DEFAULTS["node_exporter_dcgm_hostengine_service"])
+    # What the exporter requires: NVIDIA's unit as the core package installs it
+    # (/usr/lib/systemd/system/nvidia-dcgm.service).
+    (tmp_path / "nvidia-dcgm.service").write_text(NVIDIA_DCGM_UNIT)
     settings = _settings(_verify(tmp_path, "labctl-dcgm-exporter.service", text))
     values = dict(settings)
     # No embedded host engine (it would need root or CAP_SYS_ADMIN): the running one, over loopback.
