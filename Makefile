@@ -40,6 +40,8 @@ image: host-tools
 # The test bundle also carries stub NVIDIA packages (tests/fixtures/nvidia-repo, test doubles).
 bundle-test: venv image
 	python3 tests/fixtures/nvidia-repo/build.py >/dev/null
+	python3 tests/fixtures/kernel-repo/build.py >/dev/null
+	python3 tests/fixtures/grafana/build.py >/dev/null
 	python3 scripts/make-tiny-model.py build/models/tiny-llama/r1 >/dev/null
 	labctl bundle build --profile test --out $(TEST_BUNDLE) --base-image $(LABCTL_TEST_IMAGE)
 	labctl bundle verify $(TEST_BUNDLE)
@@ -78,9 +80,11 @@ test: venv host-tools bundle-test
 # The command of a job of `make test`: a scenario of SCENARIOS, or one of lint, unit, lab-parts.
 test-job = $(MAKE) --no-print-directory $(if $(filter $(1),$(SCENARIOS)),molecule-run SCENARIOS=$(1),$(1)$(if $(filter lint,$(1)),,-run))
 
-# The lab's CUDA vLLM wheel set (PyPI build) resolved, downloaded and locked by the builder, installed
-# offline in a network-less Debian 12 container and proven there without a GPU (gigabytes: not in
-# make test). Figures: build/reports/lab-wheels.json.
+# The lab's CUDA vLLM wheel set resolved, downloaded and locked by the builder, installed offline in a
+# network-less Debian 12 container and proven there without a GPU, every download of vLLM's start-up
+# accounted for (gigabytes: not in make test). The lab's own set where its indexes answer, else PyPI's
+# vLLM build without FlashInfer's kernel wheels (LAB_WHEELS_SOURCE=lab|pypi; tests/cuda_wheels/check.py).
+# Figures: build/reports/lab-wheels.json.
 .PHONY: lab-wheels-check
 lab-wheels-check: venv bundle-test
 	python3 tests/cuda_wheels/check.py

@@ -12,6 +12,10 @@ description:
   - Runs C(nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv,noheader,nounits) and sets
     C(ansible_facts.gpus) (one entry per GPU) and the summary facts C(gpu_count),
     C(gpu_driver_version), C(gpu_driver_branch), C(gpu_nvswitch) and C(gpu_facts_reason).
+  - The GPUs' NUMA nodes come from sysfs (C(<sysfs_root>/bus/pci/devices/<address>/numa_node)) and the
+    nodes' CPUs from C(<sysfs_root>/devices/system/node/node<N>/cpulist), in C(gpu_numa_nodes) and
+    C(numa_node_cpus). C(gpu_numa_nodes) is in PCI bus order, the order CUDA numbers the GPUs in under
+    C(CUDA_DEVICE_ORDER=PCI_BUS_ID); the module warns when C(nvidia-smi) numbers them otherwise.
   - A host without a usable NVIDIA driver is not a failure - no C(nvidia-smi), C(No devices were found)
     and a driver that is not loaded all give C(gpu_count=0) with the reason in C(gpu_facts_reason),
     so a play can decide to install the driver.
@@ -115,6 +119,19 @@ ansible_facts:
       description: Empty when the GPUs were read; otherwise why there are no GPU facts.
       type: str
       sample: nvidia-smi not found (no NVIDIA driver installed)
+    gpu_numa_nodes:
+      description:
+        - The NUMA node of each GPU in PCI bus order (entry I is CUDA device I under
+          C(CUDA_DEVICE_ORDER=PCI_BUS_ID)), from sysfs. C(-1) where the kernel knows none (VMs,
+          single-socket hosts) or sysfs has no such device.
+        - The GPUs C(nvidia-smi) listed; without them, the NVIDIA GPUs on the PCI bus.
+      type: list
+      elements: int
+      sample: [0, 0, 0, 0, 1, 1, 1, 1]
+    numa_node_cpus:
+      description: The CPUs of every NUMA node sysfs lists (node number as a string -> C(cpulist)).
+      type: dict
+      sample: {"0": "0-55,112-167", "1": "56-111,168-223"}
 """
 
 import os
@@ -165,6 +182,9 @@ NVIDIA_VENDOR = "0x10de"
 # PCI classes (sysfs `class`, 0xCCSSPP): 0x0680 other bridge (NVSwitch), 0x0300 VGA, 0x0302 3D controller.
 NVSWITCH_CLASS = "0x0680"
 GPU_CLASSES = ("0x0300", "0x0302")
+# nvidia-smi's pci.bus_id: 8 hex digits of domain (sysfs names use 4), bus:device.function in capitals.
+_BUS_ID = re.compile(r"^([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])$")
+_NODE_DIR = re.compile(r"^node([0-9]+)$")
 
 
 class ParseError(ValueError):
@@ -302,6 +322,64 @@ def pci_summary(devices):
     return nvswitch, gpus
 
 
+def sysfs_address(bus_id):
+    """nvidia-smi's bus id ('00000000:9A:00.0', 8-digit domain) -> sysfs's name ('0000:9a:00.0');
+    None for a value that is no PCI address."""
+    match = _BUS_ID.match((bus_id or "").strip())
+    if not match:
+        return None
+    domain, rest = match.groups()
+    return "%04x:%s" % (int(domain, 16), rest.lower())
+
+
+def _read(path):
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def numa_node(sysfs_root, address):
+    """The NUMA node of one PCI function: sysfs's numa_node, -1 when it says none or is missing."""
+    text = _read(os.path.join(sysfs_root, "bus", "pci", "devices", address, "numa_node")) if address else None
+    try:
+        return int(text) if text is not None else -1
+    except ValueError:
+        return -1
+
+
+def node_cpus(sysfs_root):
+    """{"0": "0-55,112-167", ...}: the cpulist of every node<N> directory; {} without NUMA in sysfs."""
+    base = os.path.join(sysfs_root, "devices", "system", "node")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return {}
+    found = {}
+    for name in names:
+        match = _NODE_DIR.match(name)
+        if match:
+            cpus = _read(os.path.join(base, name, "cpulist"))
+            if cpus is not None:
+                found[match.group(1)] = cpus
+    return dict(sorted(found.items(), key=lambda item: int(item[0])))
+
+
+def gpu_numa_nodes(sysfs_root, gpus, devices):
+    """The NUMA node of each GPU in PCI bus order (CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID),
+    and whether nvidia-smi's index order is that order too. From nvidia-smi's GPUs when there are
+    any, else from the NVIDIA GPUs on the PCI bus (pci_devices())."""
+    if gpus:
+        addresses = [sysfs_address(gpu["pci_bus_id"]) for gpu in gpus]
+        ordered = sorted(addresses, key=lambda a: (a is None, a or ""))
+        same_order = addresses == ordered
+    else:
+        ordered = [name for name, pci_class, _device in devices if pci_class[:6] in GPU_CLASSES]
+        same_order = True
+    return [numa_node(sysfs_root, address) for address in ordered], same_order
+
+
 def driver_branch(version):
     """'580.95.05' -> '580'; '' for no version."""
     if not version:
@@ -309,7 +387,7 @@ def driver_branch(version):
     return version.split(".", 1)[0]
 
 
-def _facts(gpus, reason, nvswitch=False, pci_count=0):
+def _facts(gpus, reason, nvswitch=False, pci_count=0, numa_nodes=None, numa_cpus=None):
     version = ""
     for gpu in gpus:
         if gpu["driver_version"]:
@@ -323,6 +401,8 @@ def _facts(gpus, reason, nvswitch=False, pci_count=0):
         "gpu_nvswitch": nvswitch,
         "gpu_pci_count": pci_count,
         "gpu_facts_reason": reason,
+        "gpu_numa_nodes": list(numa_nodes or []),
+        "numa_node_cpus": dict(numa_cpus or {}),
     }
 
 
@@ -340,7 +420,10 @@ def main():
     detect = module.params["detect_nvswitch"]
 
     # The PCI bus first: it needs no driver (a fresh host, a driver that does not load).
-    pci_nvswitch, pci_count = pci_summary(pci_devices(module.params["sysfs_root"]))
+    sysfs_root = module.params["sysfs_root"]
+    devices = pci_devices(sysfs_root)
+    pci_nvswitch, pci_count = pci_summary(devices)
+    numa_cpus = node_cpus(sysfs_root)
     lspci_out = ""
     if detect:
         lspci = module.get_bin_path("lspci")
@@ -350,7 +433,12 @@ def main():
     bus_nvswitch = detect and (pci_nvswitch or parse_nvswitch("", lspci_out))
 
     def done(gpus, reason, nvswitch=bus_nvswitch):
-        module.exit_json(changed=False, ansible_facts=_facts(gpus, reason, nvswitch, pci_count))
+        numa_nodes, same_order = gpu_numa_nodes(sysfs_root, gpus, devices)
+        if not same_order:
+            module.warn("nvidia-smi numbers the GPUs in another order than their PCI bus ids (%s): CUDA under "
+                        "CUDA_DEVICE_ORDER=PCI_BUS_ID (the replicas) numbers them by bus id"
+                        % ", ".join(gpu["pci_bus_id"] or "?" for gpu in gpus))
+        module.exit_json(changed=False, ansible_facts=_facts(gpus, reason, nvswitch, pci_count, numa_nodes, numa_cpus))
 
     smi = module.params["nvidia_smi"]
     if smi:

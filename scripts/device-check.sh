@@ -40,6 +40,10 @@
 #                      NVIDIA PCI functions (address class device), /proc/devices + /dev/nvidia*,
 #                      Secure Boot state, the installed driver packages (name version source) and
 #                      the persistence daemon's unit: what tests/fixtures/nvidia-repo models
+#   <case>.kernel.json, .modinfo.txt, .dkms.txt
+#                      labctl_kernel_facts' result (running kernel, next boot's, headers, NVIDIA
+#                      modules), `modinfo -k $(uname -r) nvidia` and `dkms status`: what
+#                      tests/fixtures/kernel-repo models
 # Copy them into tests/fixtures/nvidia-smi/ as they are: tests/unit/test_gpu_facts.py picks up every
 # real-*.facts.json there as a real-output case (parser vs facts, stub vs raw query). Edit the
 # "description" of <case>.json to say which machine it was.
@@ -135,6 +139,16 @@ print(",".join(module.QUERY_FIELDS))')
     ANSIBLE_DEPRECATION_WARNINGS=False ANSIBLE_PYTHON_INTERPRETER="$py" \
     "$py" -m ansible adhoc localhost -c local -m labctl_gpu_facts --tree "$tree" >"$raw/adhoc.txt" 2>&1 || true
   if [[ -f $tree/localhost ]]; then cp "$tree/localhost" "$raw/facts.json"; else echo '{}' >"$raw/facts.json"; fi
+  # The kernels, their headers and NVIDIA modules as the GPU layer and labctl patch read them.
+  echo "== labctl_kernel_facts" >&2
+  rm -rf "$tree"
+  PYTHONPATH="$site" ANSIBLE_LIBRARY="$REPO/library" ANSIBLE_CONFIG="$raw/ansible.cfg" \
+    ANSIBLE_LOCALHOST_WARNING=False ANSIBLE_INVENTORY_UNPARSED_WARNING=False \
+    ANSIBLE_DEPRECATION_WARNINGS=False ANSIBLE_PYTHON_INTERPRETER="$py" \
+    "$py" -m ansible adhoc localhost -c local -m labctl_kernel_facts --tree "$tree" >"$raw/kernel-adhoc.txt" 2>&1 || true
+  if [[ -f $tree/localhost ]]; then cp "$tree/localhost" "$raw/kernel.json"; else echo '{}' >"$raw/kernel.json"; fi
+  { modinfo -k "$(uname -r)" nvidia 2>&1 || true; } >"$raw/modinfo.txt"
+  { command -v dkms >/dev/null 2>&1 && dkms status 2>&1 || echo "dkms not installed"; } >"$raw/dkms.txt"
 
   local rc
   if [[ -n $smi ]]; then
@@ -225,7 +239,9 @@ files = {".json": json.dumps(table, indent=2) + "\n", ".query.csv": query, ".q.t
          ".version.txt": read("version.txt") or "", ".facts.json": json.dumps(result, indent=2, sort_keys=True) + "\n",
          ".pci-sysfs.txt": read("pci-sysfs.txt") or "", ".devices.txt": read("devices.txt") or "",
          ".secureboot.txt": read("secureboot.txt") or "", ".packages.txt": read("packages.txt") or "",
-         ".persistenced-unit.txt": read("persistenced-unit.txt") or ""}
+         ".persistenced-unit.txt": read("persistenced-unit.txt") or "",
+         ".kernel.json": read("kernel.json") or "{}", ".modinfo.txt": read("modinfo.txt") or "",
+         ".dkms.txt": read("dkms.txt") or ""}
 
 lines = []
 
@@ -266,6 +282,19 @@ if gpus:
     off = [str(g["index"]) for g in gpus if not g.get("persistence_mode")]
     check("persistence mode enabled", not off, ("off on GPU " + ",".join(off)) if off else "all")
 check("NVSwitch fabric (fabric manager needed)", "info", "gpu_nvswitch=%s" % facts.get("gpu_nvswitch"))
+kernel = json.loads(read("kernel.json") or "{}")
+running = next((k for k in kernel.get("kernels", []) if k.get("release") == kernel.get("running")), None)
+check("labctl_kernel_facts ran", bool(kernel) and not kernel.get("failed"),
+      kernel.get("msg", "") if kernel.get("failed") else "running %s, next boot %s" % (kernel.get("running"), kernel.get("boot")))
+if running is None or not driver:
+    check("the running kernel's NVIDIA module is the loaded driver", None, "no kernel facts or no driver")
+elif not running.get("module"):
+    # modinfo finds no nvidia module under /lib/modules/<release> (a driver loaded from elsewhere).
+    check("the running kernel's NVIDIA module is the loaded driver", None,
+          "modinfo -k %s nvidia: %s" % (kernel.get("running"), ((read("modinfo.txt") or "").strip().splitlines() or [""])[0]))
+else:
+    check("the running kernel's NVIDIA module is the loaded driver", running.get("module_version") == driver,
+          "%s %s" % (running.get("module"), running.get("module_version")))
 files[".checks.txt"] = "\n".join(lines) + "\n"
 
 for suffix, text in files.items():

@@ -137,9 +137,23 @@ class Apt(_Strict):
     )
     install_recommends: bool = True
     local_debs: list[str] = Field(default_factory=list, description="dirs of .deb added verbatim")
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="packages never taken from the sources (names or apt glob patterns): a Recommends of "
+        "one is dropped, a Depends on one must be met by local_debs (else the build stops naming it)",
+    )
+
+    def exclude_stanza(self) -> str:
+        """The apt preferences stanza that keeps the excluded packages out of the closure."""
+        if not self.exclude:
+            return ""
+        return f"# apt.exclude\nPackage: {' '.join(self.exclude)}\nPin: version *\nPin-Priority: -1\n"
 
     @model_validator(mode="after")
     def _known_sources(self) -> Apt:
+        for pattern in self.exclude:
+            if not re.fullmatch(r"[a-z0-9*?][a-z0-9+.*?\[\]-]*", pattern):
+                raise ValueError(f"exclude: {pattern!r} is not a package name or glob (lower case, no spaces)")
         names = [s.name for s in self.sources]
         if len(set(names)) != len(names):
             raise ValueError("source names must be unique")

@@ -52,7 +52,8 @@ INPUT_VARIABLES = sorted(
     | {EXPECTED_GPUS, "ansible_host"}
 )
 # The facts it reads (labctl_gpu_facts and the setup module's).
-INPUT_FACTS = ("gpu_count", "gpu_pci_count", "default_ipv4", "processor_vcpus", "processor_count")
+INPUT_FACTS = ("gpu_count", "gpu_pci_count", "default_ipv4", "processor_vcpus", "processor_count",
+               "gpu_numa_nodes", "numa_node_cpus")
 
 
 class TopologyError(ValueError):
@@ -130,6 +131,64 @@ def replica_plan(
             }
         )
     return plan
+
+
+def parse_cpulist(text: str) -> List[int]:
+    """The kernel's cpulist format ("0-55,112-167", "3", "") as a sorted list of CPU numbers."""
+    cpus: set[int] = set()
+    for part in str(text).replace(" ", "").split(","):
+        if not part:
+            continue
+        low, _sep, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise TopologyError(f"numa_node_cpus: {text!r} is not a CPU list (sysfs cpulist)")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return sorted(cpus)
+
+
+def format_cpulist(cpus: List[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5" (what parse_cpulist reads, and systemd's CPUAffinity= too)."""
+    parts: List[str] = []
+    ordered = sorted(set(cpus))
+    start = 0
+    for i in range(1, len(ordered) + 1):
+        if i == len(ordered) or ordered[i] != ordered[i - 1] + 1:
+            first, last = ordered[start], ordered[i - 1]
+            parts.append(str(first) if first == last else f"{first}-{last}")
+            start = i
+    return ",".join(parts)
+
+
+def numa_binding(plan: List[Dict[str, Any]], facts: Mapping[str, Any], gpus: int) -> None:
+    """Bind each replica of ``plan`` to the NUMA node(s) of its GPUs, in place: ``numa_nodes`` (the
+    nodes) and ``numa_cpus`` (their CPUs). The facts are labctl_gpu_facts': ``gpu_numa_nodes`` (CUDA
+    device i's node, PCI bus order) and ``numa_node_cpus``. A replica whose GPUs' nodes are not all
+    known (-1 on VMs and single-socket hosts, facts of another GPU count, a node without CPUs) gets
+    neither key: it runs unbound, as before. A replica whose GPUs sit on two nodes (tensor parallel
+    across sockets) is bound to both: its workers talk to both GPUs' nodes, and refusing would forbid
+    a plan that works.
+
+    On the CPU build (``cpus`` set: VLLM_CPU_OMP_THREADS_BIND), the replicas bound to the same CPUs
+    share those CPUs out evenly instead of the host's."""
+    nodes = facts.get("gpu_numa_nodes") or []
+    node_cpus = facts.get("numa_node_cpus") or {}
+    if not isinstance(nodes, list) or len(nodes) != int(gpus) or not isinstance(node_cpus, Mapping):
+        return
+    for r in plan:
+        mine = sorted({int(nodes[int(g)]) for g in str(r["gpus"]).split(",")})
+        cpus = [c for n in mine if n >= 0 for c in parse_cpulist(str(node_cpus.get(str(n)) or ""))]
+        if mine and min(mine) >= 0 and all(node_cpus.get(str(n)) for n in mine) and cpus:
+            r["numa_nodes"] = mine
+            r["numa_cpus"] = format_cpulist(cpus)
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for r in plan:
+        if r.get("numa_cpus") and r.get("cpus"):
+            groups.setdefault(r["numa_cpus"], []).append(r)
+    for cpulist, members in groups.items():
+        cpus = parse_cpulist(cpulist)
+        share = len(cpus) // len(members)
+        for i, r in enumerate(members):
+            r["cpus"] = format_cpulist(cpus[i * share:(i + 1) * share]) if share else ""
 
 
 def gpu_count(facts: Mapping[str, Any], given: Mapping[str, Any], source: str = "facts") -> Tuple[int, str]:
@@ -291,6 +350,7 @@ def _plan_host(entry: Dict[str, Any], host: str, given: Mapping[str, Any], hf: M
     cpus = int(hf.get("processor_vcpus") or hf.get("processor_count") or 0) if flavor == "cpu" else 0
     public = served_name(given)
     plan = replica_plan(count, tp, wanted, base, public, host, cpus, str(listen))
+    numa_binding(plan, hf, count)
     for r in plan:
         r.update(host=host, max_num_seqs=seqs, public_name=public, tensor_parallel_size=tp)
     replicas.extend(plan)

@@ -122,8 +122,11 @@ def test_the_apt_part_for_debian_12_builds_against_debians_archive_and_nvidias_d
     wanted = list(profile.spec.apt.packages) + [p for g in profile.spec.apt.groups.values() for p in g.packages]
     assert [name for name in wanted if name not in got] == []
     # NVIDIA's Debian packaging at exactly the pinned release, compute only.
-    nvidia = {n: v for n, v in got.items() if n.startswith(("nvidia-", "libnvidia-", "libcuda")) }
+    nvidia = {n: v for n, v in got.items() if n.startswith(("nvidia-", "libnvidia-", "libcuda")) and n != "nvidia-kernel-common"}
     assert {v for v in nvidia.values()} == {"580.95.05-1"}, nvidia
+    # What NVIDIA's debian12 kernel module packages need from Debian's contrib (nvidia-support's
+    # nvidia-kernel-common): without contrib in the archive source the build stops.
+    assert got["nvidia-kernel-common"] == "20220217+3~deb12u1"
     assert {"nvidia-driver-cuda", "nvidia-kernel-open-dkms", "libcuda1", "nvidia-smi", "nvidia-persistenced"} <= set(nvidia)
     assert not [n for n in got if n.startswith(("xserver-", "libnvidia-gl")) or n in ("nvidia-driver", "nvidia-open")]
     # The distribution's side, from Debian's archive: DKMS, headers for bookworm's kernel, a

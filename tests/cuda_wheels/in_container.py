@@ -1,12 +1,30 @@
 #!/usr/bin/python3
 """Runs inside the network-less target container with the venv's python (tests/cuda_wheels/check.py):
-the CUDA vLLM wheel set imports, its argument parser takes the replicas' configs, and harmony loads
-gpt-oss's encoding from the bundle's tiktoken files only. Prints one JSON object.
-usage: in_container.py REPLICA_CONFIG..."""
+the CUDA vLLM wheel set imports, its argument parser takes the replicas' configs, and every download
+the start-up of vLLM could make is satisfied from the bundle (offline_paths.py), with the replicas'
+own environment (the rendered vllm.env and tiktoken.env) and every attempt to reach a host recorded.
+Prints one JSON object.
+usage: in_container.py --env FILE [--env FILE] --model DIR REPLICA_CONFIG..."""
+import argparse
 import json
 import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import offline_paths  # noqa: E402
+
+cli = argparse.ArgumentParser()
+cli.add_argument("--env", action="append", default=[], help="an EnvironmentFile= of the replica unit, in order")
+cli.add_argument("--model", required=True, help="a local model directory (config, tokenizer)")
+cli.add_argument("configs", nargs="+")
+opts = cli.parse_args()
+# The unit's environment, before anything reads it (huggingface_hub reads HF_HUB_OFFLINE at import).
+for env_file in opts.env:
+    os.environ.update(offline_paths.load_env_file(env_file))
+# FlashInfer detects the GPU's architecture; with none here, the H200's (capability 9.0 -> sm90a).
+os.environ["FLASHINFER_CUDA_ARCH_LIST"] = "9.0a"
+offline_paths.install_guard()
 
 result = {}
 started = time.monotonic()
@@ -23,7 +41,7 @@ result["import_s"] = round(time.monotonic() - started, 1)
 # a device, and its CUDA platform class cannot even be imported (vllm._C links libcuda.so.1, the
 # driver's library). The flags, their types and choices do not depend on the platform
 # (EngineArgs, FrontendArgs): a minimal platform that names the CUDA device lets the parser be
-# built as on a GPU host. Nothing else of vLLM runs.
+# built as on a GPU host. What runs after it (offline_paths.prove) asks nothing of the platform.
 import vllm.platforms  # noqa: E402
 from vllm.platforms.interface import Platform, PlatformEnum  # noqa: E402
 
@@ -46,7 +64,7 @@ except ImportError:  # before the launchers move
 from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 
 parsed = {}
-for config in sys.argv[1:]:
+for config in opts.configs:
     parser = make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
     args = parser.parse_args(["--config", config])
     validate_parsed_serve_args(args)
@@ -60,15 +78,14 @@ for config in sys.argv[1:]:
 result["replicas"] = parsed
 # The check can fail: a flag this vLLM does not know is refused the way the unit's start would be.
 bogus = "/tmp/bogus.yaml"
-with open(sys.argv[1]) as source, open(bogus, "w") as out:
+with open(opts.configs[0]) as source, open(bogus, "w") as out:
     out.write(source.read() + "not-a-vllm-flag: 1\n")
 try:
     make_arg_parser(FlexibleArgumentParser()).parse_args(["--config", bogus])
     result["unknown_flag_refused"] = False
 except SystemExit:
     result["unknown_flag_refused"] = True
-from openai_harmony import HarmonyEncodingName, load_harmony_encoding  # noqa: E402
-
-encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-result["harmony_tokens_of_hello"] = len(encoding.encode("hello world", allowed_special="all"))
+result["offline"] = offline_paths.prove(opts.model)
+harmony = next(item for item in result["offline"]["items"] if item["id"] == "harmony-vocab")
+result["harmony_tokens_of_hello"] = harmony["evidence"].get("tokens_of_hello_world")
 print(json.dumps(result, default=str))

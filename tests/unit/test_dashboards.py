@@ -475,6 +475,7 @@ LAB_VARS = {
     "lab_prometheus_port": 9090,
     "lab_grafana_port": 3000,
     "lab_grafana_admin_password": "not-a-secret",
+    "lab_grafana_secret_key": "not-a-secret-either",
 }
 
 

@@ -81,3 +81,18 @@ def test_fabric_manager_and_nscq_are_chosen_per_release() -> None:
     offered = {"nvidia-fabricmanager": ["580.105.08-1", "580.95.05-1"], "libnvidia-nscq": ["580.105.08-1"]}
     choice = nvidia.labctl_release_choice(offered, "580.95.05-0ubuntu1")
     assert choice == {"install": ["nvidia-fabricmanager=580.95.05-1"], "missing": ["libnvidia-nscq"]}
+
+
+def test_what_is_left_of_a_release_moves_where_the_repository_carries_the_new_one() -> None:
+    """Within a branch, Debian's nvidia-modprobe (>= 580) stays at the old release when the driver
+    moves: it moves too (removing it would remove the driver that depends on it); a package of the
+    old release the repository does not carry at the new one (Ubuntu's old names) is removed."""
+    madison = (" nvidia-modprobe | 580.105.08-1 | file:/srv/labctl/bundle/apt ./ Packages\n"
+               " nvidia-modprobe | 580.95.05-1 | file:/srv/labctl/bundle/apt ./ Packages\n"
+               "nvidia-kernel-source-575-open | 575.57.08-0ubuntu1 | file:/srv/labctl/bundle/apt ./ Packages\n")
+    offered = nvidia.labctl_madison(madison, ["nvidia-modprobe", "nvidia-kernel-source-575-open", "nvidia-firmware-575-575.57.08"])
+    assert offered == {"nvidia-modprobe": ["580.105.08-1", "580.95.05-1"],
+                       "nvidia-kernel-source-575-open": ["575.57.08-0ubuntu1"], "nvidia-firmware-575-575.57.08": []}
+    choice = nvidia.labctl_release_choice(offered, "580.105.08-1")
+    assert choice == {"install": ["nvidia-modprobe=580.105.08-1"],
+                      "missing": ["nvidia-kernel-source-575-open", "nvidia-firmware-575-575.57.08"]}

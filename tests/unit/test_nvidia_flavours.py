@@ -30,7 +30,9 @@ ROLE_VARS = yaml.safe_load((REPO / "roles" / "nvidia_driver" / "vars" / "main.ym
 LAB = yaml.safe_load((REPO / "profiles" / "lab.yml").read_text())
 RELEASE = "580.95.05"
 # What the distribution provides to the driver packages (real names; no content, no dependencies).
-DISTRO = ["dkms", "ocl-icd-libopencl1", "adduser", "python3", "xserver-xorg-core"]
+# nvidia-kernel-common at bookworm contrib's version: NVIDIA's debian12 kernel module packages need it.
+DISTRO = {"dkms": "1.0-1", "ocl-icd-libopencl1": "1.0-1", "adduser": "1.0-1", "python3": "1.0-1",
+          "xserver-xorg-core": "1.0-1", "nvidia-kernel-common": "20220217+3~deb12u1"}
 
 
 def _family(flavour: str) -> str:
@@ -54,8 +56,8 @@ def distro_repo(tmp_path_factory: pytest.TempPathFactory, stub_repos: Path) -> P
     """The distribution's packages the driver depends on, as a signed flat repo (the stub key)."""
     repo = tmp_path_factory.mktemp("distro")
     work = tmp_path_factory.mktemp("distro-work")
-    for name in DISTRO:
-        make_deb(repo, name, "1.0-1", "all", None, work)
+    for name, version in DISTRO.items():
+        make_deb(repo, name, version, "all", None, work)
     sys.path.insert(0, str(FIXTURE))
     import build  # the fixture builder's index writer and signing key
 

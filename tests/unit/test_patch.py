@@ -125,9 +125,15 @@ def test_the_patch_play_goes_one_host_at_a_time_drained_first() -> None:
     block = tasks[2]
     assert block["when"] == "patch_pending | length > 0"
     steps = [(t["ansible.builtin.include_role"]["name"], t["ansible.builtin.include_role"].get("tasks_from"))
-             for t in block["block"]]
+             for t in block["block"] if "ansible.builtin.include_role" in t]
     assert steps == [("vllm", "drain_host.yml"), ("patch", None), ("vllm", "undrain_host.yml")]
     assert "rescue" not in block and "always" not in block  # a failed host stops the run, drained
+    # A GPU host must come back with its NVIDIA modules; a refused reboot stops the run after the
+    # host's replicas serve again (the last step), before the next host.
+    patch_step = block["block"][1]
+    assert "'nvidia' if inventory_hostname in groups['gpu_hosts']" in patch_step["vars"]["patch_boot_module"]
+    assert "ansible.builtin.fail" in block["block"][-1]
+    assert block["block"][-1]["when"] == "patch_report.reboot_refused | default('') | length > 0"
 
 
 def test_apt_never_lets_needrestart_restart_services() -> None:

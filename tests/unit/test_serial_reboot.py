@@ -45,7 +45,10 @@ def test_the_reboot_play_takes_one_host_at_a_time_drained_first():
     assert block["when"] == "nvidia_driver_reboot_due | default(false) | bool"
     steps = [(task["ansible.builtin.include_role"]["name"], task["ansible.builtin.include_role"]["tasks_from"])
              for task in block["block"]]
-    assert steps == [("vllm", "drain_host.yml"), ("nvidia_driver", "reboot_host.yml"), ("vllm", "undrain_host.yml")]
+    # The kernel the host boots next is checked for the driver's modules before the host is drained
+    # (a refused host keeps serving), and again right before the reboot (reboot_host.yml).
+    assert steps == [("nvidia_driver", "boot_check.yml"), ("vllm", "drain_host.yml"), ("nvidia_driver", "reboot_host.yml"),
+                     ("vllm", "undrain_host.yml")]
 
 
 def test_the_role_says_when_a_reboot_is_due():
@@ -54,6 +57,7 @@ def test_the_role_says_when_a_reboot_is_due():
     assert "nvidia_driver_reboot_allowed" in facts["nvidia_driver_reboot_due"]
     after = _load("roles", "nvidia_driver", "tasks", "reboot_host.yml")
     names = [t["name"] for t in after]
+    assert names.index("Check once more the modules of the kernel the host boots next") < names.index("Reboot into the new driver")
     assert names.index("Reboot into the new driver") < names.index("Verify the driver on every GPU")
     assert names.index("Refuse a host that came back without a reboot") < names.index("Verify the driver on every GPU")
 
@@ -72,7 +76,8 @@ def test_the_markers_outlive_the_reboot():
     """A marker's expiry covers the drain, the host's absence (the reboot timeout) and the health
     gate, so the gateways do not route to a host that is still booting."""
     plays = [p for p in _load("playbooks", "gpu.yml") if "hosts" in p]  # after the topology import
-    drain = plays[1]["tasks"][0]["block"][0]
+    drain = next(t for t in plays[1]["tasks"][0]["block"]
+                 if t["ansible.builtin.include_role"]["tasks_from"] == "drain_host.yml")
     assert "nvidia_driver_reboot_timeout" in drain["vars"]["vllm_drain_hold"]
     rotation = _load("roles", "vllm", "tasks", "rotation_out.yml")
     marker = next(t for t in rotation if t["name"].startswith("Take the replica out"))

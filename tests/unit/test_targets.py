@@ -43,14 +43,16 @@ def test_pip_gets_the_targets_tags() -> None:
 
 
 @pytest.mark.parametrize(
-    ("os", "codename", "python", "repo", "anchor", "headers"),
+    ("os", "codename", "python", "repo", "anchor", "kernel"),
     [
-        ("ubuntu-24.04", "noble", "3.12", "ubuntu2404", "libnvidia-compute-580", "linux-headers-generic"),
-        ("ubuntu-22.04", "jammy", "3.11", "ubuntu2204", "libnvidia-compute-580", "linux-headers-generic"),
-        ("debian-12", "bookworm", "3.11", "debian12", "nvidia-driver-cuda", "linux-headers-amd64"),
+        ("ubuntu-24.04", "noble", "3.12", "ubuntu2404", "libnvidia-compute-580",
+         ["linux-image-generic", "linux-headers-generic", "linux-image-generic-hwe-24.04", "linux-headers-generic-hwe-24.04"]),
+        ("ubuntu-22.04", "jammy", "3.11", "ubuntu2204", "libnvidia-compute-580",
+         ["linux-image-generic", "linux-headers-generic", "linux-image-generic-hwe-22.04", "linux-headers-generic-hwe-22.04"]),
+        ("debian-12", "bookworm", "3.11", "debian12", "nvidia-driver-cuda", ["linux-image-amd64", "linux-headers-amd64"]),
     ],
 )
-def test_the_lab_profile_for_each_os(os: str, codename: str, python: str, repo: str, anchor: str, headers: str) -> None:
+def test_the_lab_profile_for_each_os(os: str, codename: str, python: str, repo: str, anchor: str, kernel: list[str]) -> None:
     lab = load_profile("lab", os)
     spec = lab.spec
     assert lab.os == os and spec.target.codename == codename and spec.target.python == python
@@ -58,7 +60,11 @@ def test_the_lab_profile_for_each_os(os: str, codename: str, python: str, repo: 
     assert sources["cuda"].uris == [f"https://developer.download.nvidia.com/compute/cuda/repos/{repo}/x86_64/"]
     assert sources["archive"].suites == [codename, f"{codename}-updates"]
     assert sources["security"].suites == [f"{codename}-security"]
-    assert spec.apt.groups["kernel"].packages == [headers]
+    # Each kernel flavour's image and headers metapackages: the GPU layer installs the headers
+    # metapackage of the host's flavour, and the image one where the running kernel has no headers.
+    assert spec.apt.groups["kernel"].packages == kernel
+    assert ("contrib" in sources["archive"].components) == (os == "debian-12")
+    assert "mokutil" in spec.apt.packages
     # The nvidia group is the set the nvidia_driver role installs for the OS's packaging.
     family = "debian" if os.startswith("debian") else "ubuntu"
     role_set = [n.replace("{S}", "-580") for n in ROLE_VARS["__nvidia_driver_packages_by_family"][family]["open"]]

@@ -98,8 +98,8 @@ BAD_RUNS = {
              "-e", "nvidia_driver_brnach=575"],
     "host": ["-e", "lab_nvidia_driver_branch=570",
              "-e", "lab_model_name=gpt-oss-120b", "-e", "vllm_gpu_memory_utilization=0.46",
-             # Secure Boot on (an efivarfs SecureBoot variable = 1), modules managed, no enrolled key
-             "-e", "nvidia_driver_kernel_module_managed=true", "-e", "preflight_efivars_dir=/tmp/efivars-secure-boot",
+             # Secure Boot on (an efivarfs SecureBoot variable = 1), the Debian DKMS key not enrolled
+             "-e", "preflight_efivars_dir=/tmp/efivars-secure-boot",
              # Database mode where the distribution's Node.js is too old for Prisma's CLI (Ubuntu 22.04;
              # the container is Debian 12, so the table names it here).
              "-e", "lab_litellm_database_mode=true",
@@ -117,8 +117,10 @@ BAD_CASES = {
     "kv-cache-below-one-sequence": ("host", [
         "memory plan (labctl plan): replicas 0, 1: KV cache holds 46,155 tokens, less than one vllm_max_model_len "
         "(128,000) sequence: vLLM refuses to start; lower vllm_max_model_len to 46,155"]),
+    # The key Debian's dkms signs with (made at its first build), and Debian's way to enrol it.
     "secure-boot-without-key": ("host", [
-        "Secure Boot is on and nvidia_driver_secure_boot_key is not set: the kernel will refuse the DKMS-built NVIDIA modules"]),
+        "Secure Boot is on and /var/lib/dkms/mok.pub is not enrolled (mokutil is not installed): the kernel will refuse "
+        "the DKMS-built NVIDIA modules", "mokutil --import /var/lib/dkms/mok.pub"]),
     "database-mode-without-node": ("host", [
         "lab_litellm_database_mode=true is not supported on Debian 12: Debian 12 stands in for Ubuntu 22.04 here; "
         "set lab_litellm_database_mode: false"]),
@@ -152,6 +154,30 @@ def test_preflight_refuses_a_bad_plan_before_anything_changes(host, case):
     # The run stopped in the first play: no other layer ran.
     assert "airgap :" not in result.stdout
     assert after == before
+
+
+def test_preflight_refuses_canonicals_server_driver_already_installed(host):
+    """Canonical's server driver stack (nvidia-graphics-drivers-580-server; names and version as
+    Ubuntu noble's archive has them) on a host: it conflicts with NVIDIA's packages, so the run
+    stops in preflight, naming the packages and how to remove them."""
+    name, version = "libnvidia-compute-580-server", "580.126.20-0ubuntu0.24.04.1"
+    host.run_test(
+        f"rm -rf /tmp/server-pkg && mkdir -p /tmp/server-pkg/DEBIAN && printf 'Package: {name}\\nVersion: {version}\\n"
+        "Architecture: amd64\\nMaintainer: Ubuntu Developers <ubuntu-devel-discuss@lists.ubuntu.com>\\nSource: "
+        "nvidia-graphics-drivers-580-server\\nDescription: NVIDIA libcompute package (test double: no driver)\\n' "
+        f"> /tmp/server-pkg/DEBIAN/control && dpkg-deb -b /tmp/server-pkg /tmp/server.deb >/dev/null && dpkg -i /tmp/server.deb")
+    try:
+        before = _state(host)
+        result = _site()
+        output = " ".join((result.stdout + result.stderr).split())
+        assert result.returncode != 0
+        assert (f"Canonical's server driver packages are installed ({name}): they conflict with NVIDIA's packages "
+                "the lab installs from the bundle") in output, output[-3000:]
+        assert f"apt-get purge {name}" in output
+        assert "airgap :" not in result.stdout
+        assert _state(host) == before
+    finally:
+        host.run_test(f"dpkg --purge {name}")
 
 
 def test_second_run_changes_nothing_and_restarts_nothing(host):
@@ -193,19 +219,27 @@ def test_driver_change_waits_for_a_reboot_then_the_run_reboots_and_verifies(host
     host rebooted. With reboots allowed, the GPU layer's reboot play reboots the host (a container
     restart of its own: systemctl reboot under the restart policy; /run is a tmpfs, as on a real
     host), waits for it, and verifies the new driver in the same run."""
-    real_host = ["-e", "nvidia_driver_kernel_module_managed=true", "-e", "nvidia_driver_install_kernel_headers=false",
-                 "-e", f"nvidia_driver_version={NEWER}"]
-    first = _site(*real_host)
+    real_host = ["-e", f"nvidia_driver_version={NEWER}"]
+    no_reboot = [*real_host, "-e", "nvidia_driver_reboot_allowed=false"]
+    # The persistence daemon down (as on a host where it had not started yet): the new driver is not
+    # loaded before the reboot, and the daemon cannot start on it (the stand-in refuses, as NVML does).
+    host.run_test("systemctl stop nvidia-persistenced")
+    first = _site(*no_reboot)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
     assert "REBOOT REQUIRED" in first.stdout
     assert host.package(ANCHOR).version == NEWER
     assert host.file("/run/labctl/nvidia-driver-reboot-required").exists
+    assert not host.service("nvidia-persistenced").is_running
+    assert host.run("nvidia-smi -L").rc == 18  # Driver/library version mismatch until the reboot
+    # DKMS built the new release for the running kernel; it loads at the next boot.
+    assert host.check_output("modinfo -k \"$(cat /run/labctl-test/osrelease)\" -F version nvidia") == NEWER.split("-")[0]
     # Until the reboot, every run says so again instead of failing the verification.
     boot = _boot(host)
-    again = _site(*real_host)
+    again = _site(*no_reboot)
     assert again.returncode == 0 and "REBOOT REQUIRED" in again.stdout
     assert not _ran(again.stdout, "Read the GPUs through the installed driver")
     assert "nvidia_driver : Reboot into the new driver" not in again.stdout
+    assert not host.service("nvidia-persistenced").is_running
     assert _boot(host) == boot
     rebooted = _site(*real_host, "-e", "nvidia_driver_reboot_allowed=true")
     assert rebooted.returncode == 0, rebooted.stdout[-3000:] + rebooted.stderr[-2000:]
@@ -215,6 +249,7 @@ def test_driver_change_waits_for_a_reboot_then_the_run_reboots_and_verifies(host
     assert "driver 580.105.08 on every GPU" in rebooted.stdout
     assert _boot(host) != boot
     assert not host.file("/run/labctl/nvidia-driver-reboot-required").exists
+    assert host.service("nvidia-persistenced").is_running
     # Loaded: the next run has nothing to reboot for and changes nothing.
     after = _site(*real_host, "-e", "nvidia_driver_reboot_allowed=true")
     assert after.returncode == 0, after.stdout[-3000:] + after.stderr[-2000:]

@@ -28,7 +28,8 @@ APP_KEYS_MADE = REPO / "build" / "reports" / "stack-app-keys.txt"
 # lab_secrets_dir as molecule's settings name it (_shared/group_vars: one directory per scenario).
 SECRETS_DIR = (Path.home() / ".local" / "share" / "labctl" / "secrets"
                / f"molecule-{Path(os.environ.get('MOLECULE_INVENTORY_FILE', 'x/stack/inventory/f')).parent.parent.name}")
-_UNITS = ["vllm@0", "vllm@1", "litellm", "redis-server", "postgresql@15-main", "prometheus", "prometheus-node-exporter"]
+_UNITS = ["vllm@0", "vllm@1", "litellm", "redis-server", "postgresql@15-main", "prometheus", "prometheus-node-exporter",
+          "grafana-server"]
 
 
 def _site(*extra: str, timeout: int = 1500) -> subprocess.CompletedProcess[str]:

@@ -33,8 +33,18 @@ def labctl_dashboard_defaults(dashboard: dict[str, Any] | str, values: dict[str,
     return result
 
 
+def labctl_dashboard_uid(dashboard: str) -> str:
+    """The uid of a dashboard's JSON text (the role checks Grafana serves each one by it). A file
+    without one is an error: Grafana would give it a random uid, which nothing can refer to."""
+    uid = json.loads(dashboard).get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise AnsibleFilterError("a dashboard file has no uid: Grafana would generate a random one")
+    return uid
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_dashboard_defaults": labctl_dashboard_defaults,
+            "labctl_dashboard_uid": labctl_dashboard_uid,
         }

@@ -32,10 +32,22 @@ def labctl_release_choice(offered: dict[str, list[str]], version: str) -> dict[s
     return {"install": install, "missing": missing}
 
 
+def labctl_madison(text: str, names: list[str]) -> dict[str, list[str]]:
+    """`apt-cache madison NAME...` (" name | version | source" lines, newest first) as
+    {name: [versions]} for each of ``names`` (an empty list for a name the repository lacks)."""
+    offered: dict[str, list[str]] = {name: [] for name in names}
+    for line in str(text).splitlines():
+        fields = [field.strip() for field in line.split("|")]
+        if len(fields) >= 2 and fields[0] in offered and fields[1] not in offered[fields[0]]:
+            offered[fields[0]].append(fields[1])
+    return offered
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_upstream_version": labctl_upstream_version,
             "labctl_same_upstream": labctl_same_upstream,
             "labctl_release_choice": labctl_release_choice,
+            "labctl_madison": labctl_madison,
         }

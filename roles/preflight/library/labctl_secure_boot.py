@@ -20,8 +20,15 @@ options:
     type: path
     default: /sys/firmware/efi/efivars
   key:
-    description: A DER certificate that should be enrolled (e.g. C(/var/lib/shim-signed/mok/MOK.der)).
+    description:
+      - A DER certificate that should be enrolled. Default: the one the distribution's DKMS signs modules
+        with (O(distribution)): Debian's dkms C(/var/lib/dkms/mok.pub) (made with C(mok.key) at its first
+        build), Ubuntu's C(/var/lib/shim-signed/mok/MOK.der) (made by C(update-secureboot-policy --new-key)).
     type: path
+  distribution:
+    description: C(ansible_distribution) (Debian, Ubuntu): picks the default O(key) and the commands in C(enroll).
+    type: str
+    default: Debian
 author: labctl maintainers
 """
 
@@ -40,6 +47,14 @@ key_enrolled:
   type: bool
 key_detail:
   description: What mokutil said, or why the key could not be checked.
+  returned: always
+  type: str
+key:
+  description: The certificate checked (O(key) or the distribution's DKMS certificate).
+  returned: always
+  type: str
+enroll:
+  description: How to make and enrol that key on this distribution (commands and packages), for messages.
   returned: always
   type: str
 """
@@ -62,19 +77,47 @@ def secure_boot_state(efivars_dir):
     return True, len(data) >= 5 and data[4] == 1
 
 
+# The key each distribution's DKMS signs modules with, and how to have it enrolled (dkms 3.0.10
+# prepare_signing on Debian 12; dkms with shim-signed's update-secureboot-policy on Ubuntu 22.04/24.04).
+DKMS_KEYS = {
+    "Debian": (
+        "/var/lib/dkms/mok.pub",
+        "Debian's DKMS signs with /var/lib/dkms/mok.key and the DER certificate /var/lib/dkms/mok.pub, made at its first "
+        "module build: make them first with the command dkms runs (openssl req -new -x509 -nodes -days 36500 -subj "
+        "'/CN=DKMS module signing key' -newkey rsa:2048 -keyout /var/lib/dkms/mok.key -outform DER -out "
+        "/var/lib/dkms/mok.pub), then mokutil --import /var/lib/dkms/mok.pub (packages mokutil and openssl, in the "
+        "bundle), reboot and confirm the key in MokManager at the console",
+    ),
+    "Ubuntu": (
+        "/var/lib/shim-signed/mok/MOK.der",
+        "Ubuntu's DKMS signs with /var/lib/shim-signed/mok/MOK.priv and MOK.der: make them if missing "
+        "(update-secureboot-policy --new-key), then update-secureboot-policy --enroll-key (or mokutil --import "
+        "/var/lib/shim-signed/mok/MOK.der; packages shim-signed and mokutil, in the bundle), reboot and confirm the "
+        "key in MokManager at the console",
+    ),
+}
+
+
+def dkms_key(distribution):
+    """(certificate, how to enrol it) of the distribution's DKMS (Debian's for unknown ones)."""
+    return DKMS_KEYS.get(distribution, DKMS_KEYS["Debian"])
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
             "efivars_dir": {"type": "path", "default": "/sys/firmware/efi/efivars"},
             "key": {"type": "path"},
+            "distribution": {"type": "str", "default": "Debian"},
         },
         supports_check_mode=True,
     )
     module.run_command_environ_update = {"LANG": "C", "LC_ALL": "C"}
     efi, secure_boot = secure_boot_state(module.params["efivars_dir"])
     enrolled, detail = None, ""
-    key = module.params["key"]
-    if key:
+    default_key, enroll = dkms_key(module.params["distribution"])
+    key = module.params["key"] or default_key
+    if secure_boot:
         mokutil = module.get_bin_path("mokutil")
         if not os.path.isfile(key):
             detail = "%s does not exist" % key
@@ -85,7 +128,8 @@ def main():
             _rc, out, err = module.run_command([mokutil, "--test-key", key])
             detail = (out + err).strip()
             enrolled = "is already enrolled" in detail
-    module.exit_json(changed=False, efi=efi, secure_boot=secure_boot, key_enrolled=enrolled, key_detail=detail)
+    module.exit_json(changed=False, efi=efi, secure_boot=secure_boot, key_enrolled=enrolled, key_detail=detail,
+                     key=key, enroll=enroll)
 
 
 if __name__ == "__main__":

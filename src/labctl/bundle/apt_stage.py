@@ -118,13 +118,16 @@ def _wanted(profile: LoadedProfile, result: AptResult, staging: Staging) -> tupl
 
 
 def _preferences(profile: LoadedProfile, result: AptResult) -> str:
-    """The pins of the groups that are resolved (a skipped group's pin would steer the others)."""
+    """The pins of the groups that are resolved (a skipped group's pin would steer the others), and
+    the profile's exclusions."""
     skipped = {entry["source"] for entry in result.skipped}
     stanzas = [
         f"# apt.groups.{name}.pin\n" + group.pin.stanza()
         for name, group in profile.spec.apt.groups.items()
         if group.pin is not None and not any(source in skipped for source in group.sources)
     ]
+    if profile.spec.apt.exclude:
+        stanzas.append(profile.spec.apt.exclude_stanza())
     return "\n".join(stanzas)
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from labctl.bundle.errors import BuildError
+from labctl.bundle.kernels import kernel_wheel_problems
 from labctl.bundle.wheels import parse_wheel_name, pip_download, pip_report
 from labctl.paths import private_dir
 from labctl.profile import LoadedProfile, WheelSet
@@ -222,7 +223,15 @@ def make_lock(profile: LoadedProfile, cache: Path, name: str, spec: WheelSet, se
             pins.append(_pin_of(profile, spec, item, read_page))
         except BuildError as exc:
             raise BuildError(f"{what}: {project}: {exc}") from exc
+    check_kernel_wheels(what, pins)
     return sorted(pins, key=lambda p: p.name)
+
+
+def check_kernel_wheels(what: str, pins: list[Pin]) -> None:
+    """Refuse FlashInfer kernel wheels of another version than its flashinfer-python (kernels.py)."""
+    problems = kernel_wheel_problems({pin.name: pin.version for pin in pins})
+    if problems:
+        raise BuildError(f"{what}: {'; '.join(problems)}")
 
 
 def write_lock(profile: LoadedProfile, cache: Path, name: str, spec: WheelSet, set_args: list[str]) -> tuple[Path, list[Pin]]:
@@ -253,6 +262,7 @@ def read_lock(profile: LoadedProfile, name: str, spec: WheelSet) -> list[Pin]:
     stray = sorted({p.index for p in pins} - allowed)
     if stray:
         raise BuildError(f"wheels.sets.{name}: {path} names index {stray[0]}, which the set does not list")
+    check_kernel_wheels(f"wheels.sets.{name}: {path}", pins)
     return pins
 
 
