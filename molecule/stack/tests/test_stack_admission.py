@@ -80,5 +80,9 @@ def test_a_batch_flood_does_not_hold_back_an_interactive_request(host):
     assert failed == {}, dict(list(failed.items())[:5])
     # The interactive request is admitted at the next free slot, ahead of the whole queued flood;
     # the batch request sent with it waits behind that flood (first come, first served in its class).
-    assert interactive <= latecomer / 4, (interactive, latecomer)
-    assert slowest <= 0.25 * flood_s, (slowest, flood_s)
+    # First come, first served would give both the same wait (ratio ~1). With the gpu scenario's DKMS
+    # builds on the same two cores (make test runs two jobs at a time) CI measured 4.4 s against 14.6 s
+    # (0.30); alone here 1.2 s against 8.2 s (0.14).
+    assert interactive <= latecomer / 2, (interactive, latecomer)
+    assert slowest < latecomer, (slowest, latecomer)
+    assert slowest <= 0.5 * flood_s, (slowest, flood_s)  # first come, first served: about the whole flood

@@ -166,7 +166,8 @@ os.replace(tmp, path)
 
 
 def test_a_key_change_leaves_streams_in_flight_alone_and_refuses_the_key_at_once(host, keys):
-    """Two threads stream with the `nightly` key back to back; meanwhile the gateway's key file
+    """Four threads stream with the `nightly` key back to back (300 tokens: with two threads of 150 the
+    tiny model's streams took ~0.4 s, and those started in the 0.3 s left out below left none spanning); meanwhile the gateway's key file
     loses that key (replaced in one rename, as the push replaces it). Every request that started
     before the change ends with [DONE] (some end after it), every one that starts after it gets
     401; the proxy is not restarted. Then `labctl keys revoke` makes the store agree (no change on
@@ -178,7 +179,7 @@ def test_a_key_change_leaves_streams_in_flight_alone_and_refuses_the_key_at_once
     host.run_test(f"rm -f {stop}")
     container = host.check_output("hostname")
     sender = subprocess.Popen(["docker", "exec", "-i", container, "python3", "-c", _SEND, keys["nightly"], PUBLIC + "-batch", "0",
-                               "1", "150", stop, "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               "1", "300", stop, "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(4)
         subprocess.run(["docker", "exec", "-i", container, "python3", "-c", _DROP_KEY, KEYS_FILE, "nightly"],
