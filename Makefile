@@ -52,12 +52,21 @@ lint: venv
 	ansible-playbook --syntax-check site.yml -i inventories/lab
 	mypy
 
-# After the bundle: some tests read the pinned wheels (metric names in vLLM's and LiteLLM's source).
+# After the bundle: some tests read the pinned wheels (metric names in vLLM's and LiteLLM's source),
+# and run the real LiteLLM proxy from its wheel set (tests/unit/gateway_proxy.py), in build/gateway-venv:
+# made once per lock (its sha256 in .stamp, which the tests also check).
+GATEWAY_VENV := $(CURDIR)/build/gateway-venv
 unit: venv host-tools bundle-test
 	$(MAKE) --no-print-directory unit-run
 
+$(GATEWAY_VENV)/.stamp: $(TEST_BUNDLE)/wheels/sets/litellm.txt
+	rm -rf $(GATEWAY_VENV)
+	python3 -m venv $(GATEWAY_VENV)
+	$(GATEWAY_VENV)/bin/pip install -q --no-index --find-links $(TEST_BUNDLE)/wheels --no-deps --require-hashes -r $<
+	sha256sum $< | cut -c1-64 > $@
+
 .PHONY: unit-run lab-parts-run
-unit-run:
+unit-run: $(GATEWAY_VENV)/.stamp
 	pytest tests/unit
 
 # The fingerprint is read after the bundle exists, so molecule runs in a sub-make.

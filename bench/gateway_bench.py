@@ -184,7 +184,8 @@ def render_readiness(drain_dir: Path) -> str:
     return render_template(
         READINESS_TEMPLATE,
         litellm_readiness_interval=defaults["litellm_readiness_interval"],
-        litellm_readiness_timeout=defaults["litellm_readiness_timeout"], __litellm_drain_dir=str(drain_dir))
+        litellm_readiness_timeout=defaults["litellm_readiness_timeout"], __litellm_drain_dir=str(drain_dir),
+        litellm_vllm_ca_file=defaults["litellm_vllm_ca_file"])
 
 
 def start_gateway(cfg: dict[str, Any], workers: int, rundir: Path, admission: Path | None = None) -> subprocess.Popen[bytes]:
@@ -192,7 +193,11 @@ def start_gateway(cfg: dict[str, Any], workers: int, rundir: Path, admission: Pa
     if admission is not None:  # the role's priority gate, rendered for the bench inventory
         shutil.copyfile(admission, rundir / "labctl_admission.py")
     # The role's auth hook (custom_auth), as the role writes it beside config.yaml (no application keys).
-    (rundir / "labctl_auth.py").write_text(render_template(AUTH_TEMPLATE, litellm_app_keys_path=str(rundir / "app-keys.json")))
+    # (the bench's load uses the master key: no application key, so no per-key limit applies)
+    (rundir / "labctl_auth.py").write_text(render_template(AUTH_TEMPLATE, litellm_app_keys_path=str(rundir / "app-keys.json"),
+                                                           __litellm_app_key_max_parallel=1))
+    # The role's class guard (config.yaml lists it among the callbacks; no variables).
+    (rundir / "labctl_guard.py").write_text(render_template(AUTH_TEMPLATE.with_name("labctl_guard.py.j2")))
     # The role's readiness routing callback, rendered with the role's defaults (drain markers under rundir).
     (rundir / "labctl_readiness.py").write_text(render_readiness(rundir / "drain"))
     prom = rundir / "prometheus"

@@ -9,6 +9,7 @@ facts) all come through ``run_playbook``.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 import ansible_runner  # type: ignore[import-untyped]
 
 from labctl.paths import repo_root
-from labctl.redact import scrub_runner_artifacts
+from labctl.redact import Scrubber, kept_command
 
 EventHandler = Callable[[dict[str, Any]], bool]
 
@@ -62,11 +63,20 @@ def run_playbook(
 ) -> PlaybookResult:
     """Run ``playbook`` (from the repository, so its ansible.cfg applies) against ``inventory``.
     ``args`` are ansible-playbook options as given (``-e``, ``--limit``, ``-v`` ...); ``extravars``
-    labctl's own variables. Every event goes to ``event_handler`` too."""
+    labctl's own variables. Every event goes to ``event_handler`` too.
+
+    Secrets stay out of what is kept. ansible-runner runs in a scratch directory (0700, removed
+    afterwards): without env/ files (``suppress_env_files``: no env/cmdline, env/extravars),
+    labctl's own variables in a 0600 file there (``-e @file``, never on a command line).
+    ``private_dir``, when given, receives a scrubbed copy of its artifacts (stdout, command
+    without the environment, rc, status). Events reach ``event_handler`` scrubbed too (the -e
+    values a -vvvv run prints: labctl.redact.Scrubber)."""
     found: dict[str, Any] = {}
     failures: list[str] = []
+    scrubber = Scrubber(args)
 
-    def handler(event: dict[str, Any]) -> bool:
+    def handler(raw_event: dict[str, Any]) -> bool:
+        event: dict[str, Any] = scrubber.data(raw_event)
         data = stats_data(event)
         if data is not None:
             found.update(data)
@@ -78,24 +88,62 @@ def run_playbook(
         return event_handler(event) if event_handler is not None else True
 
     with tempfile.TemporaryDirectory(prefix="labctl-ansible-") as scratch:
-        where = private_dir or Path(scratch)
-        where.mkdir(mode=0o700, parents=True, exist_ok=True)
+        work = Path(scratch) / "runner"
+        work.mkdir(mode=0o700)
+        command = list(args)
+        if extravars:
+            own = Path(scratch) / "labctl-vars.json"
+            with os.fdopen(os.open(own, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as handle:
+                json.dump(extravars, handle)
+            command += ["-e", f"@{own}"]  # after the user's -e: labctl's own win, as ansible-runner's env/extravars did
         result = ansible_runner.run(
-            private_data_dir=str(where),
+            private_data_dir=str(work),
             project_dir=str(repo_root()),
             playbook=str(playbook),
             inventory=str(inventory.resolve()),
-            cmdline=" ".join(shlex.quote(a) for a in args) or None,
-            extravars=extravars or None,
+            cmdline=" ".join(shlex.quote(a) for a in command) or None,
+            suppress_env_files=True,
             event_handler=handler,
             cancel_callback=cancel,
             quiet=True,
             envvars={"ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1", "PATH": ansible_path()},
         )
-        scrub_runner_artifacts(where)  # -e values stay out of the kept artifacts
-        outputs = sorted(where.glob("artifacts/*/stdout"))
-        tail = "\n".join(outputs[-1].read_text(errors="replace").strip().splitlines()[-15:]) if outputs else ""
+        tail = _keep_artifacts(work, private_dir, scrubber)
     return PlaybookResult(status=str(result.status), rc=int(result.rc or 0), data=found, failures=failures, output_tail=tail)
+
+
+def _keep_artifacts(work: Path, keep: Path | None, scrubber: Scrubber) -> str:
+    """Copy ansible-runner's artifacts from ``work`` into ``keep`` (when given), scrubbed; returns
+    the end of ansible-playbook's output (scrubbed)."""
+    tail = ""
+    if keep is not None:
+        keep.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(keep, 0o700)
+    for run in sorted(work.glob("artifacts/*/")):
+        stdout = run / "stdout"
+        text = scrubber.text(stdout.read_text(encoding="utf-8", errors="replace")) if stdout.is_file() else ""
+        tail = "\n".join(text.strip().splitlines()[-15:])
+        if keep is None:
+            continue
+        (keep / "artifacts").mkdir(mode=0o700, exist_ok=True)
+        dest = keep / "artifacts" / run.name
+        dest.mkdir(mode=0o700, exist_ok=True)
+        files = {"stdout": text}
+        for name in ("rc", "status"):
+            if (run / name).is_file():
+                files[name] = (run / name).read_text(encoding="utf-8", errors="replace")
+        if (run / "command").is_file():
+            try:
+                kept = kept_command(json.loads((run / "command").read_text(encoding="utf-8")))
+            except ValueError:
+                kept = None
+            if kept is not None:
+                files["command"] = json.dumps(kept)
+        for name, content in files.items():
+            with os.fdopen(os.open(dest / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+                           encoding="utf-8") as handle:
+                handle.write(content)
+    return tail
 
 
 class InventoryError(Exception):
@@ -106,7 +154,6 @@ def list_inventory(inventory: Path) -> dict[str, Any]:
     """``ansible-inventory --list`` of ``inventory``: groups and ``_meta.hostvars``, group_vars
     merged as the plays in playbooks/ see them (``--playbook-dir playbooks``: run from the
     repository root, ansible-inventory would also read the root's group_vars/ as playbook vars)."""
-    import json
     import shutil
     import subprocess
 

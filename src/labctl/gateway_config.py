@@ -38,16 +38,20 @@ def mask_secrets(text: str) -> str:
     return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
-def render(inventory: Path, admission: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
+def render(inventory: Path, admission: dict[str, str] | None = None,
+           callbacks: dict[str, dict[str, str]] | None = None) -> tuple[dict[str, str], list[str]]:
     """Run the playbook; returns the config per gateway host and the failure messages (and fills
-    ``admission`` with each host's labctl_admission.py when given). The role hands both over with
-    set_stats (roles/litellm/tasks/render.yml)."""
+    ``admission`` with each host's labctl_admission.py, ``callbacks`` with each host's callback
+    files by name, when given). The role hands them over with set_stats (roles/litellm/tasks/render.yml)."""
     result = run_playbook(repo_root() / PLAYBOOK, inventory)
     failures = list(result.failures)
     if result.status != "successful" and not failures:
         failures.append("ansible-playbook failed: " + " / ".join(result.output_tail.splitlines()[-10:]))
     if admission is not None:
         admission.update({str(h): str(v) for h, v in (result.data.get("labctl_admission") or {}).items()})
+    if callbacks is not None:
+        callbacks.update({str(h): {str(n): str(t) for n, t in files.items()}
+                          for h, files in (result.data.get("labctl_callbacks") or {}).items()})
     configs = {str(h): str(v) for h, v in (result.data.get("labctl_gateway_config") or {}).items()}
     return configs, failures
 

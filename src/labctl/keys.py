@@ -1,24 +1,31 @@
 """Application keys for the gateway without a database: generated here, only their hashes leave.
 
 The store is one JSON file in the inventory's secrets directory (``lab_app_keys_file``, 0600 in a
-0700 directory): per key its name, class (which public model class it reaches, so its priority),
-limits, expiry, the sha256 of the key and when it was created or revoked. The key itself is
-printed once by ``labctl keys add`` and kept nowhere. The litellm role sends the hashes of the
-keys that are not revoked to the gateway hosts, where the no-database auth hook enforces them.
+0700 directory, made 0700 again when found looser; add and revoke hold an flock on
+``.app-keys.json.lock`` beside it across their load and save): per key its name, class (which
+public model class it reaches, so its priority), limits, expiry, the sha256 of the key and when it
+was created or revoked. The key itself is printed once by ``labctl keys add`` and kept nowhere.
+The litellm role sends the hashes of the keys that are not revoked to the gateway hosts, where the
+no-database auth hook enforces them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import hashlib
 import json
 import os
 import re
 import secrets
+import stat
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, time, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 CLASSES = ("interactive", "batch")
 KEY_PREFIX = "sk-lab-"
@@ -38,6 +45,8 @@ class AppKey:
     created: str
     rpm: int | None = None
     tpm: int | None = None
+    # Requests in flight at once (the gateway's default when None: litellm_app_key_max_parallel_share).
+    max_parallel: int | None = None
     expires: str | None = None
     revoked: str | None = None
 
@@ -85,6 +94,19 @@ def parse_expiry(text: str, now: datetime) -> str:
     return when.astimezone(timezone.utc).isoformat()
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _under_lock(method: Callable[Concatenate[KeyStore, _P], _T]) -> Callable[Concatenate[KeyStore, _P], _T]:
+    """The whole method (its load, its save) under the store's lock."""
+    @functools.wraps(method)
+    def locked(self: KeyStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with self.locked():
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class KeyStore:
     """The control node's record of application keys (``path``: lab_app_keys_file)."""
 
@@ -100,9 +122,32 @@ class KeyStore:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise KeyError_(f"{self.path}: not a labctl key store ({exc})") from exc
 
+    def _private_dir(self) -> None:
+        """The store's directory exists and is 0700, also when it existed looser (copied with cp -r)."""
+        folder = self.path.parent
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            if stat.S_IMODE(folder.stat().st_mode) & 0o077:
+                os.chmod(folder, 0o700)
+        except OSError as exc:
+            raise KeyError_(f"{folder}: cannot make the secrets directory private (0700): {exc}") from exc
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Held across a load and its save, so two ``labctl keys add`` at once each keep their
+        record: an flock on ``.<store>.lock`` beside the store (the kernel drops it whatever ends us)."""
+        self._private_dir()
+        fd = os.open(self.path.parent / f".{self.path.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
     def save(self, keys: list[AppKey]) -> None:
-        """Written whole to a temporary file beside it, then renamed: never half a store."""
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        """Written whole to a temporary file beside it, then renamed: never half a store. Changes
+        load and save under ``locked()`` (add and revoke do)."""
+        self._private_dir()
         text = json.dumps({"version": STORE_VERSION, "keys": [k.record() for k in keys]}, indent=1) + "\n"
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".app-keys-")
         try:
@@ -114,15 +159,17 @@ class KeyStore:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    @_under_lock
     def add(self, name: str, key_class: str, *, rpm: int | None = None, tpm: int | None = None,
-            expires: str | None = None, now: datetime | None = None) -> tuple[AppKey, str]:
+            max_parallel: int | None = None, expires: str | None = None,
+            now: datetime | None = None) -> tuple[AppKey, str]:
         """A new key: returns its record and the key (shown once, stored nowhere)."""
         now = now or datetime.now(timezone.utc)
         if not NAME.match(name):
             raise KeyError_(f"key name {name!r}: lowercase letters, digits, '.', '_' and '-' (1-63, a letter or digit first)")
         if key_class not in CLASSES:
             raise KeyError_(f"--class {key_class}: no such key class (one of {', '.join(CLASSES)})")
-        for label, value in (("--rpm", rpm), ("--tpm", tpm)):
+        for label, value in (("--rpm", rpm), ("--tpm", tpm), ("--max-parallel", max_parallel)):
             if value is not None and value < 1:
                 raise KeyError_(f"{label} {value}: a limit is a positive number (leave it out for none)")
         keys = self.load()
@@ -130,10 +177,11 @@ class KeyStore:
             raise KeyError_(f"key {name} exists (revoke it first, or pick another name)")
         key = new_key()
         record = AppKey(name=name, key_class=key_class, sha256=hash_key(key), created=now.isoformat(), rpm=rpm, tpm=tpm,
-                        expires=parse_expiry(expires, now) if expires else None)
+                        max_parallel=max_parallel, expires=parse_expiry(expires, now) if expires else None)
         self.save([*keys, record])
         return record, key
 
+    @_under_lock
     def revoke(self, name: str, now: datetime | None = None) -> AppKey:
         now = now or datetime.now(timezone.utc)
         keys = self.load()

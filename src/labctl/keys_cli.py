@@ -79,6 +79,9 @@ def add(
     key_class: Annotated[str, typer.Option("--class", help=f"Model class it reaches, and so its priority: {' or '.join(CLASSES)}.")],
     rpm: Annotated[int | None, typer.Option("--rpm", help="Requests per minute (429 beyond).")] = None,
     tpm: Annotated[int | None, typer.Option("--tpm", help="Tokens per minute (429 beyond).")] = None,
+    max_parallel: Annotated[int | None, typer.Option(
+        "--max-parallel", help="Requests in flight at once (429 beyond); default: the gateway's share "
+                               "(litellm_app_key_max_parallel_share of its admission slots).")] = None,
     expires: Annotated[str | None, typer.Option("--expires", help="YYYY-MM-DD (end of that day, UTC) or an ISO date-time.")] = None,
     no_push: NoPush = False,
 ) -> None:
@@ -88,7 +91,7 @@ def add(
     path, database_mode = locate(inventory)
     store = KeyStore(path)
     try:
-        record, key = store.add(name, key_class, rpm=rpm, tpm=tpm, expires=expires)
+        record, key = store.add(name, key_class, rpm=rpm, tpm=tpm, max_parallel=max_parallel, expires=expires)
     except KeyError_ as exc:
         raise _fail(str(exc)) from exc
     typer.echo(f"key {record.name} ({record.key_class}) made; give it to the application now, it is not shown again:",
@@ -138,13 +141,14 @@ def list_keys(inventory: runs_cli.Inventory, json_output: runs_cli.JsonOut = Fal
     except KeyError_ as exc:
         raise _fail(str(exc), Exit.FAILED) from exc
     now = datetime.now(timezone.utc)
-    rows = [{"name": k.name, "class": k.key_class, "rpm": k.rpm, "tpm": k.tpm, "expires": k.expires,
+    rows = [{"name": k.name, "class": k.key_class, "rpm": k.rpm, "tpm": k.tpm, "max_parallel": k.max_parallel,
+             "expires": k.expires,
              "created": k.created, "revoked": k.revoked, "status": k.status(now)} for k in keys]
     if json_output:
         typer.echo(json.dumps(rows, indent=1))
         return
-    table = Table("name", "class", "rpm", "tpm", "expires", "status", title=str(store.path))
+    columns = ("name", "class", "rpm", "tpm", "max_parallel", "expires", "status")
+    table = Table(*columns, title=str(store.path))
     for row in rows:
-        table.add_row(*(str(row[c]) if row[c] is not None else "-" for c in ("name", "class", "rpm", "tpm", "expires",
-                                                                               "status")))
+        table.add_row(*(str(row[c]) if row[c] is not None else "-" for c in columns))
     Console().print(table)

@@ -13,6 +13,7 @@ which wins over the built-in default below; every problem names the variable it 
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 GPU_GROUP = "gpu_hosts"
@@ -30,6 +31,8 @@ SETTINGS: Dict[str, Tuple[str, Optional[str], Any]] = {
     "gpu_memory_utilization": ("vllm_gpu_memory_utilization", "lab_vllm_gpu_memory_utilization", 0.80),
     "flavor": ("vllm_flavor", None, "cuda"),
     "vllm_listen_address": ("vllm_listen_address", None, ""),
+    # HTTPS on a replica that listens beyond loopback (a gateway on another host reaches it).
+    "replica_tls": ("vllm_tls_enabled", "lab_tls_enabled", True),
     "node_exporter_port": ("node_exporter_port", "lab_node_exporter_port", 9100),
     "dcgm_port": ("node_exporter_dcgm_port", None, 9400),
     "exporter_listen_address": ("node_exporter_listen_address", None, ""),
@@ -98,8 +101,10 @@ def replica_plan(
     host: str,
     cpus: int = 0,
     address: str = "127.0.0.1",
+    tls: bool = False,
 ) -> List[Dict[str, Any]]:
-    """The vLLM replicas of one host: index, port, GPUs, distinct served name, CPU cores, URL.
+    """The vLLM replicas of one host: index, port, GPUs, distinct served name, CPU cores, URL
+    (https with ``tls``).
 
     Replica i uses GPUs [i*tp, (i+1)*tp) and port base + i. ``replicas`` 0 means as many as the
     GPUs allow; more than fit is an error (never silently fewer). ``cpus`` (the CPU flavor)
@@ -127,10 +132,35 @@ def replica_plan(
                 "served_model_name": f"{served}-{short}-{i}",
                 "cpus": cores,
                 "address": str(address),
-                "url": f"http://{netloc}:{int(base_port) + i}",
+                "tls": bool(tls),
+                "url": f"{'https' if tls else 'http'}://{netloc}:{int(base_port) + i}",
             }
         )
     return plan
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1 or "localhost": reachable from this host only."""
+    text = str(address).strip().strip("[]")
+    if text == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
+
+
+def _flag(given: Mapping[str, Any], key: str) -> bool:
+    """A boolean setting as the inventory may write it (true, "yes", "false", 0)."""
+    value, name = setting(given, key)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0", ""):
+        return False
+    raise TopologyError(f"{name} must be true or false, got {value!r}")
 
 
 def parse_cpulist(text: str) -> List[int]:
@@ -349,7 +379,10 @@ def _plan_host(entry: Dict[str, Any], host: str, given: Mapping[str, Any], hf: M
         raise TopologyError("no address to listen on: set vllm_listen_address (this host has no default IPv4 route)")
     cpus = int(hf.get("processor_vcpus") or hf.get("processor_count") or 0) if flavor == "cpu" else 0
     public = served_name(given)
-    plan = replica_plan(count, tp, wanted, base, public, host, cpus, str(listen))
+    # Beyond loopback the gateway's requests (and the replicas' key) cross the network: HTTPS with
+    # the lab's certificates (roles/tls), which the gateway and Prometheus verify.
+    tls = _flag(given, "replica_tls") and not is_loopback(str(listen))
+    plan = replica_plan(count, tp, wanted, base, public, host, cpus, str(listen), tls)
     numa_binding(plan, hf, count)
     for r in plan:
         r.update(host=host, max_num_seqs=seqs, public_name=public, tensor_parallel_size=tp)
@@ -370,7 +403,8 @@ def _scrape(hosts: Mapping[str, Mapping[str, Any]], replicas: List[Dict[str, Any
         if "litellm_port" in entry:
             litellm.append({"host": host, "address": entry["address"], "port": entry["litellm_port"]})
     return {
-        "vllm": [{"host": r["host"], "replica": str(r["index"]), "target": netloc(r["address"], r["port"])} for r in replicas],
+        "vllm": [{"host": r["host"], "replica": str(r["index"]), "target": netloc(r["address"], r["port"]),
+                  "scheme": "https" if r.get("tls") else "http"} for r in replicas],
         "node": node,
         "dcgm": dcgm,
         "litellm": litellm,

@@ -10,7 +10,9 @@ import hashlib
 import json
 import os
 import stat
+import subprocess
 import sys
+import time
 import types
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -54,6 +56,7 @@ def test_add_stores_only_the_hash_in_a_private_file(tmp_path: Path) -> None:
     ({"name": "Bad Name", "key_class": "batch"}, "key name 'Bad Name'"),
     ({"name": "app", "key_class": "urgent"}, "--class urgent: no such key class"),
     ({"name": "app", "key_class": "batch", "rpm": 0}, "--rpm 0"),
+    ({"name": "app", "key_class": "batch", "max_parallel": 0}, "--max-parallel 0"),
     ({"name": "app", "key_class": "batch", "expires": "2026-12-01"}, "already past"),
     ({"name": "app", "key_class": "batch", "expires": "next week"}, "--expires next week: not a date"),
     ({"name": "app", "key_class": "batch", "expires": "2027-01-01T10:00"}, "needs its time zone"),
@@ -96,6 +99,54 @@ def test_an_unreadable_store_is_named(tmp_path: Path) -> None:
     assert path.read_text() == "{not json"
 
 
+_RACER = """
+import sys, time
+from pathlib import Path
+from labctl.keys import KeyStore
+path, who, count, go = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
+while not go.exists():
+    time.sleep(0.001)
+store = KeyStore(path)
+for n in range(count):
+    store.add(f"{who}-{n}", "batch")
+"""
+
+
+def test_concurrent_adds_lose_no_record(tmp_path: Path) -> None:
+    """Issue 29, item 6b: two processes adding keys at once (two labctl keys add) each read the
+    store, add one record and write it whole: without a lock across load and save one of them
+    writes over the other's record. Each process adds 40 keys; all 80 are kept."""
+    path = tmp_path / "secrets" / "app-keys.json"
+    KeyStore(path).add("first", "batch", now=NOW)
+    go = tmp_path / "go"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+    racers = [subprocess.Popen([sys.executable, "-c", _RACER, str(path), who, "40", str(go)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for who in ("a", "b")]
+    time.sleep(1.0)  # both started, waiting for the same moment
+    go.touch()
+    for racer in racers:
+        out, err = racer.communicate(timeout=120)
+        assert racer.returncode == 0, err
+    names = [k.name for k in KeyStore(path).load()]
+    assert len(names) == len(set(names))
+    assert sorted(names) == sorted(["first", *(f"{who}-{n}" for who in ("a", "b") for n in range(40))])
+
+
+def test_a_looser_existing_directory_is_made_private_again(tmp_path: Path) -> None:
+    """Issue 29, item 6b: a secrets directory that exists with looser permissions (copied with
+    cp -r, made by hand) is 0700 again after the store's next change, the store 0600."""
+    folder = tmp_path / "secrets"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    store = KeyStore(folder / "app-keys.json")
+    store.add("app", "batch", now=NOW)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder.chmod(0o775)
+    store.revoke("app", now=NOW)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+
+
 # --- what the role sends ----------------------------------------------------------------------------
 
 def _record(name: str = "app", key_class: str = "interactive", **extra: Any) -> dict[str, Any]:
@@ -105,13 +156,15 @@ def _record(name: str = "app", key_class: str = "interactive", **extra: Any) -> 
 def test_the_gateway_gets_hashes_of_live_keys_and_the_models_of_each_class() -> None:
     doc = labctl_app_keys_doc([_record("a", rpm=5), _record("b", "batch", revoked=NOW.isoformat())], CLASSES)
     assert doc["classes"] == {"interactive": ["m"], "batch": ["m-batch"]}
-    assert doc["keys"] == {hash_key("a"): {"name": "a", "class": "interactive", "rpm": 5, "tpm": None, "expires": None}}
+    assert doc["keys"] == {hash_key("a"): {"name": "a", "class": "interactive", "rpm": 5, "tpm": None, "max_parallel": None,
+                                           "expires": None}}
 
 
 @pytest.mark.parametrize(("record", "message"), [
     (_record(key_class="urgent"), "key app: class 'urgent' does not exist"),
     (_record(sha256="abc"), "key app: sha256 is not 64"),
     (_record(rpm=-1), "key app: rpm -1"),
+    (_record(max_parallel=0), "key app: max_parallel 0"),
     (_record(expires="2027-01-01"), "key app: expires '2027-01-01' is not an ISO date-time with a zone"),
 ])
 def test_the_role_refuses_a_bad_store_naming_the_key(record: dict[str, Any], message: str) -> None:
@@ -161,7 +214,7 @@ def _hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Path]:
                                  "UserAPIKeyAuth": _Auth},
         "litellm.proxy.common_utils": {},
         "litellm.proxy.common_utils.http_parsing_utils": {"read_request_body": _read_body},
-    }, litellm_app_keys_path=str(keys_file))
+    }, litellm_app_keys_path=str(keys_file), __litellm_app_key_max_parallel=8)
     return module, keys_file
 
 
@@ -185,9 +238,12 @@ def _status(module: Any, *args: Any, **kwargs: Any) -> int:
 
 def test_an_application_key_reaches_its_class_with_its_limits_and_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module, keys_file = _hook(tmp_path, monkeypatch)
-    _write(keys_file, [_record("notebook", rpm=3, tpm=1000), _record("nightly", "batch")])
+    _write(keys_file, [_record("notebook", rpm=3, tpm=1000), _record("nightly", "batch", max_parallel=2)])
     auth = _call(module, "notebook")
     assert (auth.key_alias, auth.rpm_limit, auth.tpm_limit, auth.models) == ("notebook", 3, 1000, ["m"])
+    # one key never holds every admission slot: the gateway's default, or the key's own
+    assert auth.max_parallel_requests == 8
+    assert _call(module, "nightly", model="m-batch").max_parallel_requests == 2
     assert auth.api_key == "labctl-app:notebook" and hash_key("notebook") not in repr(auth.__dict__)
     assert _status(module, "notebook", model="m-batch") == 403
     assert _status(module, "nightly", model="m-batch") == 200
@@ -221,6 +277,15 @@ def test_a_key_change_takes_effect_with_the_next_request(tmp_path: Path, monkeyp
     assert _status(module, "other", model="m-batch") == 401
 
 
+def test_a_key_with_characters_outside_ascii_gets_401(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a TypeError from compare_digest (str outside ASCII): the hook compares bytes."""
+    module, keys_file = _hook(tmp_path, monkeypatch)
+    _write(keys_file, [_record("app")])
+    for presented in ("sk-lab-clé", "sk-master-é", "ключ", "sk-metrics-prometheus\u00e9"):
+        assert _status(module, presented) == 401, presented
+        assert _status(module, presented, path="/metrics/") == 401, presented
+
+
 def test_the_metrics_key_opens_metrics_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module, _ = _hook(tmp_path, monkeypatch)
     assert _call(module, "sk-metrics-prometheus", path="/metrics/").user_role == "internal_user_viewer"
@@ -238,7 +303,8 @@ def test_keys_add_prints_the_key_once_and_pushes(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(keys_cli, "_push", lambda inventory, json_output, new_key=None: pushed.append(inventory) or 0)
     inventory = tmp_path / "inv"
     inventory.mkdir()
-    result = CliRunner().invoke(app, ["keys", "add", "notebook", "-i", str(inventory), "--class", "batch", "--rpm", "10"])
+    result = CliRunner().invoke(app, ["keys", "add", "notebook", "-i", str(inventory), "--class", "batch", "--rpm", "10",
+                                      "--max-parallel", "4"])
     assert result.exit_code == 0, result.output
     key = result.stdout.strip().splitlines()[-1]
     assert key.startswith("sk-lab-") and hash_key(key) in store_path.read_text()
@@ -246,6 +312,7 @@ def test_keys_add_prints_the_key_once_and_pushes(tmp_path: Path, monkeypatch: py
     listed = CliRunner().invoke(app, ["keys", "list", "-i", str(inventory), "--json"])
     rows = json.loads(listed.stdout)
     assert rows[0]["name"] == "notebook" and rows[0]["status"] == "active" and "sha256" not in rows[0]
+    assert rows[0]["max_parallel"] == 4 and json.loads(store_path.read_text())["keys"][0]["max_parallel"] == 4
     assert key not in listed.stdout and hash_key(key) not in listed.stdout
     bad = CliRunner().invoke(app, ["keys", "add", "x", "-i", str(inventory), "--class", "urgent"])
     assert bad.exit_code == 2 and "no such key class" in bad.output
@@ -260,6 +327,6 @@ def test_the_hook_uses_names_the_bundled_litellm_has() -> None:
     assert "async def read_request_body(" in parsing
     assert "LITELLM_PROXY_MASTER_KEY_ALIAS" in constants
     assert 'INTERNAL_USER_VIEW_ONLY = "internal_user_viewer"' in types_src
-    for field in ("key_alias", "key_name", "rpm_limit", "tpm_limit", "models", "metadata", "user_role"):
+    for field in ("key_alias", "key_name", "rpm_limit", "tpm_limit", "max_parallel_requests", "models", "metadata", "user_role"):
         assert f"    {field}:" in types_src, field
     assert "response = await user_custom_auth(request=request, api_key=api_key)" in auth

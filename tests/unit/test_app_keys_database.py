@@ -1,7 +1,10 @@
 """Application keys in database mode: the litellm role's keys_database.yml against a stand-in of
-LiteLLM's key API (/key/generate, /key/info, /key/delete with the master key; request shapes from
-litellm 1.106.0's GenerateKeyRequest and KeyRequest). Not run against a real database-mode proxy:
-the test bundle has no Prisma engines (README, "application keys")."""
+LiteLLM's key API (/key/generate, /key/info, /key/update, /key/delete with the master key; request
+shapes from litellm 1.106.0's GenerateKeyRequest, UpdateKeyRequest and KeyRequest, their field names
+checked against the bundle's wheel below). Every live key reaches the model API only
+(allowed_routes) with a per-key concurrency limit, and Prometheus's token is a virtual key for
+/metrics only. Not run against a real database-mode proxy: the test bundle has no Prisma engines
+(README, "application keys")."""
 
 from __future__ import annotations
 
@@ -21,10 +24,17 @@ import pytest
 
 from labctl.keys import KeyStore, hash_key
 
+from .callback_loader import litellm_source
 from .json_http import JSONHandler
 
 REPO = Path(__file__).resolve().parents[2]
 MASTER = "sk-master-test"
+METRICS = "sk-metrics-test"
+ROUTES = ["/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions", "/v1/responses", "/responses",
+          "/v1/models", "/models", "/v1/model/info", "/model/info"]
+# LiteLLM 1.106.0's KeyRequestBase/GenerateKeyRequest/UpdateKeyRequest fields the role sends.
+FIELDS = {"key", "key_alias", "models", "metadata", "rpm_limit", "tpm_limit", "max_parallel_requests", "allowed_routes",
+          "duration"}
 
 
 class _KeyAPI(JSONHandler):
@@ -53,9 +63,15 @@ class _KeyAPI(JSONHandler):
             return
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
         self.calls.append(("POST", self.path, body))
-        if self.path == "/key/generate":
-            self.db[hash_key(body["key"])] = body
+        unknown = set(body) - FIELDS - {"keys"}
+        if unknown:
+            self._answer(422, {"error": f"fields the role does not send: {sorted(unknown)}"})
+        elif self.path == "/key/generate":
+            self.db[hash_key(body["key"])] = {k: v for k, v in body.items() if k != "key"}
             self._answer(200, {"key": body["key"], "key_alias": body.get("key_alias")})
+        elif self.path == "/key/update" and body.get("key") in self.db:  # a sha256 is LiteLLM's token
+            self.db[body["key"]].update({k: v for k, v in body.items() if k != "key"})
+            self._answer(200, {"key": body["key"]})
         elif self.path == "/key/delete":
             for token in body.get("keys", []):
                 self.db.pop(token, None)
@@ -75,7 +91,12 @@ def api() -> Iterator[tuple[int, type[_KeyAPI]]]:
 
 
 def _run(tmp_path: Path, port: int, keys: list[dict[str, Any]], new_file: str = "") -> subprocess.CompletedProcess[str]:
+    config_dir = tmp_path / "config"
+    config_dir.mkdir(exist_ok=True)
+    # what configure.yml writes beside the proxy's config (the lab's topology is not loaded here)
+    (config_dir / "app-key-defaults.json").write_text(json.dumps({"max_parallel": 24, "routes": ROUTES}))
     variables = {"litellm_database_mode": True, "litellm_tls_enabled": False, "litellm_port": port, "litellm_master_key": MASTER,
+                 "litellm_metrics_key": METRICS, "litellm_config_dir": str(config_dir),
                  "litellm_app_keys": keys, "litellm_app_key_new_file": new_file,
                  "litellm_model_classes": [{"name": "m", "priority": 0, "key_class": "interactive"},
                                            {"name": "m-batch", "priority": 10, "key_class": "batch"}]}
@@ -104,18 +125,23 @@ def test_a_new_key_becomes_a_virtual_key_and_revoked_ones_are_deleted(tmp_path: 
 
     first = _run(tmp_path, port, keys, str(handoff))
     assert first.returncode == 0, first.stdout[-3000:]
-    generate = [c[2] for c in handler.calls if c[1] == "/key/generate"]
+    generate = [c[2] for c in handler.calls if c[1] == "/key/generate" and c[2]["key"] != METRICS]
     assert len(generate) == 1
     body = generate[0]
     assert body["key"] == key and body["key_alias"] == "notebook" and body["models"] == ["m"]
     assert body["rpm_limit"] == 60 and "tpm_limit" not in body
+    # the model API only (no files, batches, images, MCP...), and the default concurrency
+    assert body["allowed_routes"] == ROUTES and body["max_parallel_requests"] == 24
     assert body["metadata"] == {"labctl_key_class": "interactive"}
     assert 9 * 86400 < int(body["duration"].rstrip("s")) <= 11 * 86400
     assert [c[2] for c in handler.calls if c[1] == "/key/delete"] == [{"keys": [old.sha256]}]
-    assert set(handler.db) == {record.sha256}
-    assert "changed=2" in first.stdout
+    # Prometheus's token: a virtual key for /metrics only, no model
+    assert handler.db[hash_key(METRICS)] == {"key_alias": "labctl-prometheus", "models": ["no-default-models"],
+                                             "allowed_routes": ["/metrics"]}
+    assert set(handler.db) == {record.sha256, hash_key(METRICS)}
+    assert "changed=3" in first.stdout
     # No key and no hash in -v output.
-    assert key not in first.stdout + first.stderr and old_key not in first.stdout
+    assert key not in first.stdout + first.stderr and old_key not in first.stdout and METRICS not in first.stdout
     assert record.sha256 not in first.stdout and old.sha256 not in first.stdout
 
     handler.calls.clear()
@@ -135,3 +161,41 @@ def test_a_new_key_the_store_does_not_hold_is_refused(tmp_path: Path, api: tuple
     assert run.returncode != 0
     assert "does not match the store's hash" in run.stdout + run.stderr
     assert not [c for c in handler.calls if c[0] == "POST"]
+
+
+def test_keys_made_before_get_the_model_api_routes_and_a_concurrency_limit(tmp_path: Path, api: tuple[int, Any]) -> None:
+    """A live key the database holds without allowed_routes (made by an earlier version, open to
+    files, batches, images, MCP...) is updated to the store's record: its class's models, the model
+    API's routes, its own or the default max_parallel. A second run changes nothing."""
+    port, handler = api
+    store = KeyStore(tmp_path / "secrets" / "app-keys.json")
+    plain, _ = store.add("plain", "batch", rpm=5)
+    capped, _ = store.add("capped", "interactive", max_parallel=3)
+    handler.db[plain.sha256] = {"key_alias": "plain", "models": ["m-batch"], "rpm_limit": 5}
+    handler.db[capped.sha256] = {"key_alias": "capped", "models": ["m"], "allowed_routes": ROUTES, "max_parallel_requests": 3}
+    handler.db[hash_key(METRICS)] = {"key_alias": "labctl-prometheus", "models": [], "allowed_routes": []}
+    keys = [k.record() for k in store.load()]
+    first = _run(tmp_path, port, keys)
+    assert first.returncode == 0, first.stdout[-3000:]
+    updates = [c[2] for c in handler.calls if c[1] == "/key/update"]
+    assert {"key": plain.sha256, "allowed_routes": ROUTES, "max_parallel_requests": 24} in updates
+    assert not [u for u in updates if u["key"] == capped.sha256]
+    assert handler.db[plain.sha256]["allowed_routes"] == ROUTES and handler.db[plain.sha256]["rpm_limit"] == 5
+    assert handler.db[hash_key(METRICS)]["allowed_routes"] == ["/metrics"]
+    assert handler.db[hash_key(METRICS)]["models"] == ["no-default-models"]
+    handler.calls.clear()
+    second = _run(tmp_path, port, keys)
+    assert second.returncode == 0 and "changed=0" in second.stdout, second.stdout[-3000:]
+
+
+def test_the_fields_the_role_sends_are_litellms() -> None:
+    """Every field of FIELDS is one LiteLLM 1.106.0's key requests declare, and the names the role
+    relies on exist: no-default-models, a route allow-list matched exactly or as a prefix."""
+    types_src, routes_src = litellm_source("litellm/proxy/_types.py", "litellm/proxy/auth/route_checks.py")
+    base = types_src[types_src.index("class GenerateRequestBase("):types_src.index("class LiteLLMKeyType(")]
+    assert "class KeyRequestBase(GenerateRequestBase):" in base
+    assert "class GenerateKeyRequest(KeyRequestBase):" in types_src and "class UpdateKeyRequest(KeyRequestBase):" in types_src
+    for field in FIELDS:
+        assert f"    {field}:" in base, field
+    assert 'no_default_models = "no-default-models"' in types_src
+    assert 'if route.startswith(allowed_route + "/"):' in routes_src

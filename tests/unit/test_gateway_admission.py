@@ -1,8 +1,9 @@
 """The gateway's priority admission (roles/litellm/.../labctl_admission.py.j2): the order in which
 waiting requests are admitted (class, arrival, floor), timeouts and cancellations, and the slot of
-each request given back exactly once by whichever LiteLLM hook ends it. LiteLLM itself is stood
-in for (its hook names and parameters are checked against the bundle's wheel below); the run
-through the real proxy is molecule stack's test_a_batch_flood_does_not_hold_back_an_interactive_request."""
+each request given back exactly once by whichever LiteLLM hook ends it, and only by the request
+that holds it. LiteLLM itself is stood in for (its hook names and parameters are checked against
+the bundle's wheel below); the runs through the real proxy are test_gateway_through_proxy.py (slots
+and Retry-After) and molecule stack's test_a_batch_flood_does_not_hold_back_an_interactive_request."""
 
 from __future__ import annotations
 
@@ -25,7 +26,18 @@ from .callback_loader import litellm_source, load_callback  # noqa: E402
 INTERACTIVE, BATCH = 0, 10
 
 
+class _ProxyException(Exception):
+    """Stand-in for litellm.proxy._types.ProxyException (same parameters; checked below)."""
+
+    def __init__(self, message: str, type: str, param: str | None, code: int | str | None = None,  # noqa: A002
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message, self.type, self.param, self.code, self.headers = message, type, param, str(code), headers or {}
+
+
 class _HTTPException(Exception):
+    """Stand-in for fastapi's HTTPException (which LiteLLM drops the headers of on /v1/completions)."""
+
     def __init__(self, status_code: int, detail: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
         self.status_code, self.detail, self.headers = status_code, detail, headers
@@ -34,7 +46,8 @@ class _HTTPException(Exception):
 def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slots: int = 4, timeout: float = 900,
           floors: dict[str, float] | None = None, reserve: float = 0.0) -> Any:
     return load_callback(
-        "labctl_admission", tmp_path, monkeypatch, {"fastapi": {"HTTPException": _HTTPException}},
+        "labctl_admission", tmp_path, monkeypatch, {"litellm.proxy": {}, "litellm.proxy._types": {"ProxyException": _ProxyException},
+                                                    "fastapi": {"HTTPException": _HTTPException}},
         __litellm_admission_slots_per_worker=slots, __litellm_class_priorities={"m": INTERACTIVE, "m-batch": BATCH},
         __litellm_class_floors={str(BATCH): 0.2} if floors is None else floors,
         litellm_admission_queue_timeout=timeout, litellm_admission_retry_after=30, litellm_request_timeout=1800,
@@ -166,82 +179,153 @@ def test_timeout_and_cancellation_leave_the_queue(tmp_path: Path, monkeypatch: p
 
 
 def test_a_full_gate_answers_503_with_retry_after(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ProxyException, whose headers LiteLLM keeps on every route (an HTTPException's it drops on
+    /v1/completions)."""
     module = _load(tmp_path, monkeypatch, slots=1, timeout=0.05)
 
     async def scenario() -> None:
         admission = module.Admission()
 
-        def request() -> asyncio.Task[Any]:  # each request is its own task, as in the proxy
-            return asyncio.create_task(admission.async_pre_call_hook(
-                types.SimpleNamespace(metadata={}), None, {"model": "m"}, "acompletion"))
+        async def request() -> None:  # each request is its own task, as in the proxy
+            await admission.async_pre_call_hook(types.SimpleNamespace(metadata={}), None, {"model": "m"}, "acompletion")
 
-        await request()
-        with pytest.raises(_HTTPException) as info:
-            await request()
-        assert info.value.status_code == 503 and info.value.headers == {"Retry-After": "30"}
-        # its own rejection reaches the failure hook: nothing is given back for it
-        await admission.async_post_call_failure_hook({"model": "m", "metadata": {}}, info.value, None)
+        holder = asyncio.create_task(request())
+        await holder
+        async def refused() -> None:
+            with pytest.raises(_ProxyException) as info:
+                await request()
+            assert info.value.code == "503" and info.value.headers == {"Retry-After": "30"}
+            # its own rejection reaches the failure hook: nothing is given back for it
+            await admission.async_post_call_failure_hook({"model": "m", "metadata": {}}, info.value, None)
+
+        await asyncio.create_task(refused())
         assert admission.gate.in_flight() == 1
 
     _run(scenario())
 
 
-def test_each_hook_gives_the_slot_back_exactly_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    module = _load(tmp_path, monkeypatch, slots=2)
+async def _request(admission: Any, data: dict[str, Any], *hooks: Any) -> dict[str, Any]:
+    """One request as the proxy runs it: the pre-call hook, then ``hooks`` (each called with
+    ``data``), all in the request's own task."""
     key = types.SimpleNamespace(metadata={})
 
-    async def admitted(admission: Any) -> dict[str, Any]:
-        data: dict[str, Any] = {"model": "m"}
-        await asyncio.create_task(admission.async_pre_call_hook(key, None, data, "acompletion"))
+    async def run() -> dict[str, Any]:
+        await admission.async_pre_call_hook(key, None, data, "acompletion")
+        for hook in hooks:
+            await hook(data)
         return data
+
+    return await asyncio.create_task(run())
+
+
+def test_each_hook_gives_the_slot_back_exactly_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _load(tmp_path, monkeypatch, slots=2)
 
     async def scenario() -> None:
         admission = module.Admission()
         gate = admission.gate
-        data = await admitted(admission)
-        assert gate.in_flight() == 1 and data["metadata"]["labctl_admission"] in admission.tickets
-        await admission.async_post_call_success_hook(data, key, object())
-        await admission.async_post_call_failure_hook(data, RuntimeError(), key)  # both fired: one release
-        assert gate.in_flight() == 0
+        seen: list[int] = []
+
+        async def in_flight(data: dict[str, Any]) -> None:
+            seen.append(gate.in_flight())
+
+        async def success(data: dict[str, Any]) -> None:
+            await admission.async_post_call_success_hook(data, None, object())
+
+        async def failure(data: dict[str, Any]) -> None:
+            await admission.async_post_call_failure_hook(data, RuntimeError(), None)
+
+        data = await _request(admission, {"model": "m"}, in_flight, success, failure)  # both fired: one release
+        assert seen == [1] and gate.in_flight() == 0
+        assert data == {"model": "m"}  # nothing of the gate in the request (its metadata may reach vLLM)
 
         async def chunks() -> Any:
             yield "a"
             raise RuntimeError("upstream broke mid-stream")
 
-        data = await admitted(admission)
-        stream = admission.async_post_call_streaming_iterator_hook(key, chunks(), data)
-        assert await stream.__anext__() == "a"
-        with pytest.raises(RuntimeError):
-            await stream.__anext__()
-        await admission.async_post_call_failure_hook(data, RuntimeError(), key)
+        async def broken_stream(data: dict[str, Any]) -> None:
+            stream = admission.async_post_call_streaming_iterator_hook(None, chunks(), data)
+            assert await stream.__anext__() == "a"
+            with pytest.raises(RuntimeError):
+                await stream.__anext__()
+
+        await _request(admission, {"model": "m"}, broken_stream, failure)
         assert gate.in_flight() == 0
 
-        data = await admitted(admission)
-        stream = admission.async_post_call_streaming_iterator_hook(key, chunks(), data)
-        await stream.__anext__()
-        await stream.aclose()  # the client left mid-stream
-        assert gate.in_flight() == 0 and admission.tickets == {}
+        async def client_left(data: dict[str, Any]) -> None:
+            stream = admission.async_post_call_streaming_iterator_hook(None, chunks(), data)
+            await stream.__anext__()
+            seen.append(gate.in_flight())
+            await stream.aclose()  # the client left mid-stream
+
+        await _request(admission, {"model": "m"}, client_left)
+        assert seen[-1] == 1 and gate.in_flight() == 0 and admission.tickets == set()
+
+        # the stream's first read in a task started from the request's (LiteLLM's first-chunk fetch)
+        async def streamed_from_a_child_task(data: dict[str, Any]) -> None:
+            stream = admission.async_post_call_streaming_iterator_hook(None, chunks(), data)
+            assert await asyncio.ensure_future(stream.__anext__()) == "a"
+            with pytest.raises(RuntimeError):
+                await stream.__anext__()
+
+        await _request(admission, {"model": "m"}, streamed_from_a_child_task)
+        assert gate.in_flight() == 0
 
     _run(scenario())
+
+
+def test_no_request_frees_a_slot_it_does_not_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that fails before it was admitted (a refusal, an admission timeout), whatever its
+    metadata names (even what the holder's request carried: on /v1/responses vLLM echoes its
+    metadata to the client), gives nothing back: the slot of the request that holds it stays taken."""
+    module = _load(tmp_path, monkeypatch, slots=1, timeout=0.05)
+
+    async def scenario() -> None:
+        admission = module.Admission()
+        holder_seen: list[Any] = []
+
+        async def keep(data: dict[str, Any]) -> None:
+            holder_seen.append(dict(data))
+
+        await _request(admission, {"model": "m"}, keep)
+        assert admission.gate.in_flight() == 1
+
+        async def forger() -> None:
+            token = (holder_seen[0].get("metadata") or {}).get("labctl_admission", "anything")
+            data = {"model": "m", "metadata": {"labctl_admission": token}, "litellm_metadata": {"labctl_admission": token}}
+            with pytest.raises(Exception):  # noqa: B017,PT011 - the gate is full: it times out
+                await admission.async_pre_call_hook(types.SimpleNamespace(metadata={}), None, data, "acompletion")
+            await admission.async_post_call_failure_hook(data, RuntimeError(), None)
+            await admission.async_post_call_success_hook(data, None, object())
+            async for _ in admission.async_post_call_streaming_iterator_hook(None, _empty(), data):
+                pass
+
+        await asyncio.create_task(forger())
+        assert admission.gate.in_flight() == 1 and holder_seen == [{"model": "m"}]
+
+    _run(scenario())
+
+
+async def _empty() -> Any:
+    for item in ():
+        yield item
 
 
 def test_a_rerun_of_the_pre_call_hooks_keeps_the_one_slot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """LiteLLM runs the pre-call hooks again on a rate-limit fallback, in the same request task."""
     module = _load(tmp_path, monkeypatch, slots=1, timeout=0.05)
 
-    async def one_request(admission: Any) -> dict[str, Any]:
-        first: dict[str, Any] = {"model": "m"}
-        await admission.async_pre_call_hook(types.SimpleNamespace(metadata={}), None, first, "acompletion")
-        again: dict[str, Any] = {"model": "m"}
-        await admission.async_pre_call_hook(types.SimpleNamespace(metadata={}), None, again, "acompletion")
-        assert again["metadata"]["labctl_admission"] == first["metadata"]["labctl_admission"]
-        return again
-
     async def scenario() -> None:
         admission = module.Admission()
-        data = await asyncio.create_task(one_request(admission))
-        assert admission.gate.in_flight() == 1
-        await admission.async_post_call_success_hook(data, None, object())
+
+        async def again(data: dict[str, Any]) -> None:
+            await admission.async_pre_call_hook(types.SimpleNamespace(metadata={}), None, {"model": "m"}, "acompletion")
+            assert admission.gate.in_flight() == 1
+
+        async def success(data: dict[str, Any]) -> None:
+            await admission.async_post_call_success_hook(data, None, object())
+
+        await _request(admission, {"model": "m"}, again, success)
         assert admission.gate.in_flight() == 0
 
     _run(scenario())
@@ -279,8 +363,13 @@ def test_floors_from_the_classes() -> None:
 
 
 def test_the_hooks_match_the_pinned_litellm() -> None:
-    """Names and parameters of the hooks this callback overrides, as LiteLLM 1.106.0 declares them."""
-    (source,) = litellm_source("litellm/integrations/custom_logger.py")
+    """Names and parameters of the hooks this callback overrides, and of the exception it raises, as
+    LiteLLM 1.106.0 declares them."""
+    source, types_src = litellm_source("litellm/integrations/custom_logger.py", "litellm/proxy/_types.py")
+    exception = types_src[types_src.index("class ProxyException(Exception):"):]
+    assert ("        message: str,\n        type: str,\n        param: str | None,\n"
+            "        code: int | str | None = None,  # maps to status code\n"
+            "        headers: dict[str, str] | None = None,") in exception[:600]
     for hook, params in {
         "async_pre_call_hook": "self, user_api_key_dict, cache, data, call_type",
         "async_post_call_success_hook": "self, data, user_api_key_dict, response",

@@ -75,3 +75,76 @@ def test_an_inventory_without_gpu_hosts_fails_with_the_roles_message(tmp_path: P
     result = CliRunner().invoke(app, ["gateway-config", "-i", str(tmp_path / "hosts.yml")])
     assert result.exit_code == 1
     assert "No replica behind the gateway" in result.output
+
+
+def test_replicas_on_other_hosts_are_reached_over_https_with_the_lab_ca(tmp_path: Path) -> None:
+    """The scale-out shape (issue 29): the gateway's requests and the replicas' key cross the network,
+    so every deployment names an https replica and LiteLLM verifies it with the lab's CA. LiteLLM
+    1.106.0's OpenAI client takes its CA from litellm.ssl_verify only (llms/openai/common_utils.py,
+    _get_async_http_client: get_ssl_configuration() without the deployment's litellm_params), so the
+    CA is a litellm_settings entry. The single-host bench inventory keeps plain loopback URLs and no
+    ssl_verify (the test above, and here)."""
+    (tmp_path / "group_vars" / "all").mkdir(parents=True)
+    (tmp_path / "group_vars" / "all" / "00-project.yml").symlink_to(REPO / "group_vars" / "all" / "project.yml")
+    (tmp_path / "group_vars" / "all" / "site.yml").write_text(
+        f"lab_secrets_dir: {tmp_path / 'secrets'}\nlab_expected_gpu_count: 2\n")
+    (tmp_path / "hosts.yml").write_text(
+        "all:\n  children:\n    lab:\n      children:\n"
+        "        gateway_hosts: {hosts: {gw: {ansible_host: 10.89.77.10}}}\n"
+        "        monitoring_hosts: {hosts: {gw: {}}}\n"
+        "        gpu_hosts: {hosts: {gpu1: {ansible_host: 10.89.77.11}, gpu2: {ansible_host: 10.89.77.12}}}\n")
+    result = CliRunner().invoke(app, ["gateway-config", "-i", str(tmp_path / "hosts.yml")])
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(result.stdout)
+    assert sorted({d["litellm_params"]["api_base"] for d in config["model_list"]}) == [
+        "https://10.89.77.11:8000/v1", "https://10.89.77.11:8001/v1", "https://10.89.77.12:8000/v1", "https://10.89.77.12:8001/v1"]
+    defaults = yaml.safe_load((REPO / "roles" / "litellm" / "defaults" / "main.yml").read_text())
+    assert config["litellm_settings"]["ssl_verify"] == defaults["litellm_vllm_ca_file"] == "/etc/labctl/tls/ca.crt"
+    assert "ssl_verify" not in yaml.safe_load(CliRunner().invoke(app, ["gateway-config", "-i", str(BENCH_INVENTORY)]).stdout)[
+        "litellm_settings"]
+
+
+def _inventory(tmp_path: Path, **variables: object) -> Path:
+    """The bench inventory with ``variables`` on top."""
+    import shutil
+
+    inventory = tmp_path / "inventory"
+    shutil.copytree(BENCH_INVENTORY, inventory)
+    (inventory / "group_vars" / "all" / "zz-test.yml").write_text(yaml.safe_dump(variables))
+    return inventory
+
+
+def _config(inventory: Path) -> dict[str, object]:
+    result = CliRunner().invoke(app, ["gateway-config", "-i", str(inventory)])
+    assert result.exit_code == 0, result.output
+    config: dict[str, object] = yaml.safe_load(result.stdout)
+    return config
+
+
+def test_database_mode_is_as_closed_as_the_default(tmp_path: Path) -> None:
+    """/metrics/ wants its token there too (a virtual key for /metrics only, keys_database.yml), the
+    class guard runs before the gate, and neither the admin UI nor a UI sign-in with the master key."""
+    from .gateway_proxy import render_env
+
+    config = _config(_inventory(tmp_path, lab_litellm_database_mode=True, lab_litellm_metrics_key="sk-metrics-x"))
+    settings, general = config["litellm_settings"], config["general_settings"]
+    assert isinstance(settings, dict) and isinstance(general, dict)
+    assert general["database_url"] == "os.environ/DATABASE_URL" and "custom_auth" not in general
+    assert settings["require_auth_for_metrics_endpoint"] is True
+    assert settings["callbacks"] == ["prometheus", "labctl_guard.guard", "labctl_readiness.readiness", "labctl_admission.admission"]
+    assert general["disable_env_credential_login"] is True
+    env = render_env({"litellm_master_key": "m", "litellm_salt_key": "s", "__litellm_metrics_auth": True, "litellm_metrics_key": "k",
+                      "litellm_vllm_api_key": "", "litellm_redis_host": "h", "litellm_redis_port": 1, "litellm_redis_password": "p",
+                      "litellm_database_mode": False, "litellm_admin_ui": False, "litellm_state_dir": "/x", "litellm_group": "g"})
+    assert env["DISABLE_ADMIN_UI"] == "True"
+
+
+def test_the_admin_ui_only_when_the_inventory_asks(tmp_path: Path) -> None:
+    from .gateway_proxy import render_env
+
+    config = _config(_inventory(tmp_path, lab_litellm_admin_ui=True))
+    assert "disable_env_credential_login" not in config["general_settings"]  # type: ignore[operator]
+    env = render_env({"litellm_master_key": "m", "litellm_salt_key": "s", "__litellm_metrics_auth": False, "litellm_metrics_key": "",
+                      "litellm_vllm_api_key": "", "litellm_redis_host": "h", "litellm_redis_port": 1, "litellm_redis_password": "p",
+                      "litellm_database_mode": False, "litellm_admin_ui": True, "litellm_state_dir": "/x", "litellm_group": "g"})
+    assert "DISABLE_ADMIN_UI" not in env

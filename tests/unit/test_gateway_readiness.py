@@ -11,6 +11,7 @@ import http.server
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ import pytest
 import yaml
 
 from .callback_loader import load_callback
+from .tls_pki import Pki, make_pki
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm" / "labctl_readiness.py.j2"
@@ -32,9 +34,11 @@ WHEELS = REPO / "build" / "bundles" / "test" / "wheels"
 BIN = Path(sys.executable).parent
 
 
-def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: float = 0.2, timeout: float = 0.5) -> Any:
+def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: float = 0.2, timeout: float = 0.5,
+          ca_file: Path | None = None) -> Any:
     return load_callback("labctl_readiness", tmp_path, monkeypatch, litellm_readiness_interval=interval,
-                         litellm_readiness_timeout=timeout, __litellm_drain_dir=str(tmp_path / "drain"))
+                         litellm_readiness_timeout=timeout, __litellm_drain_dir=str(tmp_path / "drain"),
+                         litellm_vllm_ca_file=str(ca_file or tmp_path / "no-ca.crt"))
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -55,9 +59,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def _server(status: int = 200, metrics: str = "") -> Iterator[tuple[int, type[_Handler]]]:
+def _server(status: int = 200, metrics: str = "", tls: Pki | None = None) -> Iterator[tuple[int, type[_Handler]]]:
+    """A replica stand-in on 127.0.0.1; with ``tls``, HTTPS only with that certificate (vLLM's
+    --ssl-certfile/--ssl-keyfile: uvicorn wraps its socket the same way)."""
     handler = type("H", (_Handler,), {"status": status, "metrics": metrics, "reads": []})
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if tls is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(tls.cert, tls.key)
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -113,6 +123,21 @@ def test_a_probe_tells_ready_down_and_silent_apart(tmp_path: Path, monkeypatch: 
         results = asyncio.run(all_four())
     assert results == ["ok", "down", "silent", "down"]
     assert time.monotonic() - started < 4
+
+
+def test_an_https_replica_is_ready_only_with_a_certificate_of_the_lab_ca(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replicas on another host serve HTTPS (issue 29): the probe speaks TLS to an https api_base and
+    trusts only litellm_vllm_ca_file; a certificate of another CA is down, like plain HTTP there."""
+    lab, other = make_pki(tmp_path / "lab"), make_pki(tmp_path / "other", name="other")
+    mod = _load(tmp_path, monkeypatch, ca_file=lab.ca)
+    with _server(200, tls=lab) as (good, _), _server(200, tls=other) as (foreign, _), _server(200) as (plain, _):
+        async def probes() -> list[str]:
+            return list(await asyncio.gather(mod.probe(f"https://127.0.0.1:{good}/v1", 2.0),
+                                             mod.probe(f"https://127.0.0.1:{foreign}/v1", 2.0),
+                                             mod.probe(f"http://127.0.0.1:{good}/v1", 2.0),
+                                             mod.probe(f"http://127.0.0.1:{plain}/v1", 2.0)))
+
+        assert asyncio.run(probes()) == ["ok", "down", "down", "ok"]
 
 
 def test_requests_go_only_to_ready_replicas_and_never_nowhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -274,6 +299,18 @@ def test_the_drain_gives_up_after_its_timeout_and_reports_what_is_left() -> None
 def test_a_replica_that_does_not_answer_has_nothing_in_flight() -> None:
     result = _drain(f"http://127.0.0.1:{_closed_port()}", timeout=5)
     assert result["drained"] is True and result["answered"] is False, result
+
+
+def test_the_drain_reads_an_https_replica_with_the_lab_ca_and_refuses_another(tmp_path: Path) -> None:
+    """An https replica (another host than the gateway): the drain reads its queue through TLS with
+    ca_file. A certificate it cannot verify fails the drain instead of passing for "nothing in flight"
+    (the restart would cut every running request)."""
+    lab, other = make_pki(tmp_path / "lab"), make_pki(tmp_path / "other", name="other")
+    with _server(200, BUSY, tls=lab) as (port, _):
+        busy = _drain(f"https://127.0.0.1:{port}", ca_file=str(lab.ca), timeout=1, interval=0.2)
+        refused = _drain(f"https://127.0.0.1:{port}", ca_file=str(other.ca), timeout=1, interval=0.2)
+    assert busy["drained"] is False and busy["in_flight"] == 3, busy
+    assert "drained" not in refused and "its certificate is refused" in refused["msg"], refused
 
 
 def test_the_rolling_restart_puts_every_replica_back_also_from_a_handler() -> None:

@@ -4,6 +4,7 @@ textfile are exercised end to end in seconds. (The sandbox container runs are in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -273,3 +274,48 @@ def test_extra_vars_vault_files_and_verbosity_reach_ansible_as_given(lab: dict[s
     assert refused.returncode == Exit.FAILED and "vault" in (refused.stdout + refused.stderr).lower()
     missing = labctl(lab, "provision", "-e", f"@{tmp_path / 'nope.yml'}")
     assert missing.returncode == Exit.USAGE and "nope.yml: no such file" in missing.stderr
+
+
+def test_extra_vars_secrets_are_kept_nowhere_in_the_state_directory(lab: dict[str, Path]) -> None:
+    """Issue 29, item 5: a secret given with -e (key=value, JSON, --extra-vars=) reaches the play,
+    and no file under the state directory keeps it: not the record, the lock, events.jsonl, nor
+    what ansible-runner 2.4.3 writes into its private data directory (env/cmdline and
+    env/extravars from utils.dump_artifacts, artifacts/<id>/command from Runner.run, job_events/,
+    stdout), at ansible-playbook's highest verbosity. Names stay; values do not."""
+    secrets_given = {name: f"sk-SECRET-{name}-{os.urandom(8).hex()}"
+                     for name in ("lab_litellm_master_key", "lab_json_token", "lab_equals_token")}
+    checks = "\n".join(f"          - {name} | hash('sha256') == '{hashlib.sha256(value.encode()).hexdigest()}'"
+                       for name, value in secrets_given.items())
+    lab["playbook"].write_text(f"""
+- name: Secrets given with -e
+  hosts: lab
+  gather_facts: false
+  tasks:
+    - name: Each secret arrived as given
+      ansible.builtin.assert:
+        that:
+{checks}
+        quiet: true
+""")
+    run = labctl(lab, "provision", "--json", "-vvvv",
+                 "-e", f"lab_litellm_master_key={secrets_given['lab_litellm_master_key']}",
+                 "-e", json.dumps({"lab_json_token": secrets_given["lab_json_token"]}),
+                 f"--extra-vars=lab_equals_token={secrets_given['lab_equals_token']}")
+    assert run.returncode == Exit.OK, run.stdout[-3000:] + run.stderr[-3000:]
+    (record,) = records(lab)
+    assert record.hosts["local1"].ok == 1 and not record.failures
+    assert "lab_litellm_master_key=<redacted>" in " ".join(record.argv)
+    # ansible-playbook quotes an -e it cannot use whole in its error ("Invalid extra vars data
+    # supplied. '...' could not be made into a dictionary"): the record's message quotes that output.
+    secrets_given["not_a_mapping"] = f"sk-SECRET-list-{os.urandom(8).hex()}"
+    refused = labctl(lab, "provision", "-e", f'["{secrets_given["not_a_mapping"]}"]')
+    assert refused.returncode == Exit.FAILED, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert "could not be made into a dictionary" in records(lab)[0].message
+    kept = [path for path in lab["state"].rglob("*") if path.is_file()]
+    assert any(path.name == "command" for path in kept) and any(path.name == "stdout" for path in kept)
+    for path in kept:
+        text = path.read_text(errors="replace")
+        for name, value in secrets_given.items():
+            assert value not in text, f"{path.relative_to(lab['state'])} keeps the value of {name}"
+    # The -vvvv dump of ansible-playbook's options still names the variables.
+    assert "extra_vars: ('lab_litellm_master_key=<redacted>'" in next((lab["state"] / "runs" / record.id).rglob("stdout")).read_text()

@@ -54,8 +54,10 @@ def test_all_in_one_host_listens_on_loopback() -> None:
     host = topo["hosts"]["gpu01"]
     assert host["roles"] == ["gpu", "gateway", "monitoring"] and host["exporters"]["listen"] == "127.0.0.1"
     assert host["exporters"]["gpu_metrics"] == "textfile"
-    assert topo["scrape"]["vllm"] == [{"host": "gpu01", "replica": "0", "target": "127.0.0.1:8000"},
-                                      {"host": "gpu01", "replica": "1", "target": "127.0.0.1:8001"}]
+    assert topo["scrape"]["vllm"] == [{"host": "gpu01", "replica": "0", "target": "127.0.0.1:8000", "scheme": "http"},
+                                      {"host": "gpu01", "replica": "1", "target": "127.0.0.1:8001", "scheme": "http"}]
+    # Loopback: the replicas' traffic never leaves the host, no TLS.
+    assert [r["tls"] for r in topo["replicas"]] == [False, False]
     assert topo["scrape"]["litellm"] == [{"host": "gpu01", "address": "10.0.0.5", "port": 4000}]
 
 
@@ -74,6 +76,29 @@ def test_three_hosts_flows_and_addresses() -> None:
     assert flows[("gpu2", 9400)]["service"] == "dcgm-exporter" and flows[("gpu2", 9100)]["from"] == ["gw"]
     assert flows[("gw", 4000)]["from"] == ["clients", "gw"] and flows[("gw", 3000)]["from"] == ["clients"]
     assert topo["scrape"]["dcgm"] == [{"host": "gpu1", "target": "10.0.0.2:9400"}, {"host": "gpu2", "target": "10.0.0.3:9400"}]
+
+
+def test_replicas_another_host_reaches_serve_https() -> None:
+    """The gateway on another host: its requests and the replicas' key cross the network, so the
+    replicas serve HTTPS (lab_tls_enabled) and the gateway's URLs and Prometheus's targets say so."""
+    groups = {"lab": ["gw", "gpu1"], "gpu_hosts": ["gpu1"], "gateway_hosts": ["gw"], "monitoring_hosts": ["gw"]}
+    facts = {"gw": _facts("10.0.0.1"), "gpu1": _facts("10.0.0.2", 2)}
+
+    def replicas(**given: Any) -> dict[str, Any]:
+        return lab_topology(groups, {"gw": PROJECT, "gpu1": {**PROJECT, **given}}, facts)
+
+    topo = replicas()
+    assert [(r["url"], r["tls"]) for r in topo["replicas"]] == [("https://10.0.0.2:8000", True), ("https://10.0.0.2:8001", True)]
+    assert [t["scheme"] for t in topo["scrape"]["vllm"]] == ["https", "https"]
+    # The lab's switch, a role variable over it (as an inventory or -e writes it), and a bad value.
+    assert [r["url"] for r in replicas(lab_tls_enabled=False)["replicas"]] == ["http://10.0.0.2:8000", "http://10.0.0.2:8001"]
+    assert [r["tls"] for r in replicas(lab_tls_enabled=False, vllm_tls_enabled="yes")["replicas"]] == [True, True]
+    assert [r["tls"] for r in replicas(vllm_tls_enabled="false")["replicas"]] == [False, False]
+    assert replicas(vllm_tls_enabled="maybe")["problems"] == ["gpu1: vllm_tls_enabled must be true or false, got 'maybe'"]
+    # A GPU host that is also a gateway, with another gateway elsewhere: its replicas listen on its
+    # address, so both gateways reach them over HTTPS.
+    both = lab_topology({**groups, "gateway_hosts": ["gw", "gpu1"]}, {"gw": PROJECT, "gpu1": PROJECT}, facts)
+    assert [r["url"] for r in both["replicas"]] == ["https://10.0.0.2:8000", "https://10.0.0.2:8001"]
 
 
 def test_problems_name_the_variable_and_the_host() -> None:

@@ -84,3 +84,17 @@ def test_the_firewall_is_loaded_with_ssh_first_and_the_topologys_ports(host):
     assert [r for r in rules if r.startswith("tcp dport") and "dport 22 " not in r] == [
         f"tcp dport 3000 ip saddr {clients} accept", f"tcp dport 4000 ip saddr {clients} accept"], rules
     assert host.check_output("nft list tables").split().count("labctl") == 1
+
+
+
+def test_only_the_replicas_clients_may_connect_to_them(host):
+    """The outbound chain: vLLM answers /invocations, /tokenize... without its key, so a new connection
+    to a replica's port on this host from any user but root, the proxy and Prometheus gets a reset.
+    Their accounts exist before the firewall (playbooks/host.yml, the litellm and prometheus roles'
+    tasks/account.yml), as Debian's prometheus package would make its own."""
+    uids = sorted(host.user(name).uid for name in ("root", "litellm", "prometheus"))
+    assert host.user("prometheus").home == "/var/lib/prometheus" and host.user("prometheus").shell == "/usr/sbin/nologin"
+    chain = host.check_output("nft list chain inet labctl output")
+    assert "type filter hook output priority filter - 10; policy accept;" in chain, chain
+    assert (f'ct state new oif "lo" tcp dport {{ 8000, 8001 }} meta skuid != {{ {", ".join(map(str, uids))} }} '
+            "reject with tcp reset") in chain, chain

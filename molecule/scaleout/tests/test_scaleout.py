@@ -25,9 +25,15 @@ HERE = Path(__file__).resolve().parent
 GW = "labctl-scaleout-gw"
 GPU_HOSTS = ["labctl-scaleout-gpu1", "labctl-scaleout-gpu2"]
 ENV_FILE = "/etc/labctl/litellm/litellm.env"
+CA_FILE = "/etc/labctl/tls/ca.crt"  # the lab CA (roles/tls), on every host
+# Python run on a host: urllib's https verifies against the lab CA (the replicas serve HTTPS to the
+# gateway on another host, with the lab CA's certificates).
+LAB_CA = ("import ssl, urllib.request\n"
+          "urllib.request.install_opener(urllib.request.build_opener(urllib.request.HTTPSHandler("
+          f"context=ssl.create_default_context(cafile={CA_FILE!r}))))\n")
 # Python run on the gateway host: a urllib Request for a replica URL with the replicas' API key, which
 # the gateway's litellm.env holds (LABCTL_VLLM_API_KEY; /v1 on every replica wants it).
-REPLICA_REQUEST = ("import urllib.request\n"
+REPLICA_REQUEST = (LAB_CA + "import urllib.request\n"
                    f"KEY = next(l.split('=', 1)[1].strip() for l in open({ENV_FILE!r}) if l.startswith('LABCTL_VLLM_API_KEY='))\n"
                    "def replica(url): return urllib.request.Request(url, headers={'Authorization': 'Bearer ' + KEY})\n")
 PUBLIC = "tiny-llama"
@@ -60,8 +66,8 @@ def _address(name: str) -> str:
 
 
 ADDRESS = {name: _address(name) for name in [GW, *GPU_HOSTS]}
-# replica (host, index) -> its URL on the internal network
-REPLICAS = {(h, i): f"http://{ADDRESS[h]}:{8000 + i}" for h in GPU_HOSTS for i in (0, 1)}
+# replica (host, index) -> its URL on the internal network: HTTPS, the gateway is on another host
+REPLICAS = {(h, i): f"https://{ADDRESS[h]}:{8000 + i}" for h in GPU_HOSTS for i in (0, 1)}
 
 
 def _report(**values: object) -> None:
@@ -94,7 +100,7 @@ except OSError as e:
 
 def _successes(urls: list[str]) -> list[float]:
     """vllm:request_success_total of each replica, read from the gateway host over the network."""
-    code = f"""
+    code = LAB_CA + f"""
 import re, urllib.request
 for url in {urls!r}:
     text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
@@ -240,6 +246,94 @@ def test_every_host_runs_the_firewall_from_the_topology():
         assert "policy drop;" in chain
     gpu = _docker("exec", "labctl-scaleout-gpu1", "nft", "list", "chain", "inet", "labctl", "input")
     assert f"tcp dport 8000 ip saddr {ADDRESS[GW]} accept" in gpu, gpu
+
+
+# Issue 29: the replicas a gateway on another host reaches serve HTTPS with the lab CA's certificates
+# (the gateway's requests carry the replicas' key), and vLLM's routes outside /v1 (/invocations,
+# /tokenize...) answer without that key: only the replicas' clients (root, the proxy, Prometheus) of
+# the gateway/monitoring host reach them; nobody else, on that host or another.
+def test_a_replica_answers_only_over_tls_to_the_gateway():
+    url = REPLICAS[("labctl-scaleout-gpu1", 0)]
+    plain = url.replace("https://", "http://")
+    code = f"""
+import ssl, urllib.request
+def get(url, context=None):
+    try:
+        return str(urllib.request.urlopen(url, timeout=30, context=context).status)
+    except Exception as e:
+        return type(e).__name__ + ": " + str(e)
+print(get({url + '/health'!r}, ssl.create_default_context(cafile={CA_FILE!r})))
+print(get({url + '/health'!r}))
+print(get({plain + '/health'!r}))
+"""
+    with_ca, system_cas, over_http = _py(GW, code).strip().splitlines()
+    assert with_ca == "200"
+    assert "CERTIFICATE_VERIFY_FAILED" in system_cas, system_cas
+    assert not over_http.startswith("2"), over_http  # plain HTTP gets no HTTP answer
+    # The certificate names the address the gateway connects to, and comes from the lab CA.
+    names = _docker("exec", "labctl-scaleout-gpu1", "openssl", "x509", "-in", "/etc/labctl/tls/server.crt", "-noout", "-ext",
+                    "subjectAltName", "-issuer")
+    assert f"IP Address:{ADDRESS['labctl-scaleout-gpu1']}" in names and "labctl lab CA" in names, names
+    flags = _docker("exec", "labctl-scaleout-gpu1", "cat", "/etc/labctl/vllm/replica-0.yaml")
+    assert 'ssl-certfile: "/etc/labctl/tls/server.crt"' in flags and 'ssl-keyfile: "/etc/labctl/tls/server.key"' in flags, flags
+    # The gateway verifies them with the lab CA (LiteLLM's ssl_verify), and Prometheus scrapes them with it.
+    config = _docker("exec", GW, "cat", "/etc/labctl/litellm/config.yaml")
+    assert f'ssl_verify: "{CA_FILE}"' in config, config
+    prometheus = _docker("exec", GW, "cat", "/etc/prometheus/prometheus.yml")
+    assert f"ca_file: {CA_FILE}" in prometheus and prometheus.count('__scheme__: "https"') == 4, prometheus
+
+
+_CONNECT_AS = """
+import json, socket, sys
+out = []
+for target in sys.argv[1:]:
+    address, port = target.rsplit(":", 1)
+    s = socket.socket(); s.settimeout(10)
+    try:
+        s.connect((address, int(port))); out.append("open")
+    except ConnectionRefusedError:
+        out.append("refused")
+    except OSError as e:
+        out.append("timeout" if isinstance(e, TimeoutError) else "error " + str(e))
+    finally:
+        s.close()
+print(json.dumps(out))
+"""
+
+
+def _connect_as(name: str, user: str, targets: list[str]) -> list[str]:
+    """TCP connections opened by one local user of a host (runuser; python3, which every host has)."""
+    out = _docker("exec", name, "runuser", "-u", user, "--", "python3", "-c", _CONNECT_AS, *targets)
+    return json.loads(out)
+
+
+def test_from_another_host_only_the_gateways_services_reach_the_replicas():
+    """A local user of the gateway host who is none of the replicas' clients (nobody) gets a reset from
+    every replica of both GPU hosts, and no HTTP answer on /invocations (curl, as the issue tried it),
+    while root there connects and the gateway serves. On a GPU host, nobody gets a reset from its own
+    replicas too (on the host's address); its other ports stay open to it."""
+    replicas = [f"{ADDRESS[h]}:{8000 + i}" for h in GPU_HOSTS for i in (0, 1)]
+    assert _connect_as(GW, "nobody", replicas) == ["refused"] * 4
+    assert _connect_as(GW, "root", replicas) == ["open"] * 4
+    assert _connect_as(GW, "nobody", [f"{ADDRESS['labctl-scaleout-gpu1']}:9100"]) == ["open"]  # not a replica's port
+    body = json.dumps({"model": f"{PUBLIC}-labctl-scaleout-gpu1-0", "prompt": "Once upon a time", "max_tokens": 4})
+    for path in ("/invocations", "/tokenize"):
+        curl = subprocess.run(["docker", "exec", GW, "runuser", "-u", "nobody", "--", "curl", "-sS", "-m", "20", "--cacert", CA_FILE,
+                               "-o", "/dev/null", "-w", "%{http_code}", "-H", "Content-Type: application/json", "-d", body,
+                               REPLICAS[("labctl-scaleout-gpu1", 0)] + path], capture_output=True, text=True, timeout=60, check=False)
+        assert (curl.returncode, curl.stdout) == (7, "000"), (path, curl.returncode, curl.stdout, curl.stderr)
+    gpu1 = ADDRESS["labctl-scaleout-gpu1"]
+    assert _connect_as("labctl-scaleout-gpu1", "nobody", [f"{gpu1}:8000", f"{gpu1}:8001", f"{gpu1}:9100"]) == [
+        "refused", "refused", "open"]
+    # Another GPU host is neither a gateway nor a monitoring host: even its root gets no answer from
+    # gpu1's replicas (gpu1's inbound chain drops it): across hosts only the gateway and monitoring hosts reach them.
+    assert _connect_as("labctl-scaleout-gpu2", "root", [f"{gpu1}:8000", f"{gpu1}:8001"]) == ["timeout", "timeout"]
+    assert _through_gateway(4) == [200] * 4
+    uids = sorted(int(_docker("exec", GW, "id", "-u", user).strip()) for user in ("root", "litellm", "prometheus"))
+    chain = _docker("exec", GW, "nft", "list", "chain", "inet", "labctl", "output")
+    for host in GPU_HOSTS:
+        assert (f"ip daddr {ADDRESS[host]} tcp dport {{ 8000, 8001 }} meta skuid != {{ {', '.join(map(str, uids))} }} "
+                "reject with tcp reset") in chain, chain
 
 
 def test_a_gpu_host_taken_down_mid_run_is_routed_around():

@@ -6,17 +6,19 @@ usage: watch.py DRAIN_DIR STOP_FILE OUT_FILE URL...
 """
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.request
 
 drain_dir, stop_file, out_file, *urls = sys.argv[1:]
 samples = []
+CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")  # the replicas' HTTPS: the lab CA (roles/tls)
 
 
 def up(url):
     try:
-        with urllib.request.urlopen(url + "/health", timeout=1) as response:
+        with urllib.request.urlopen(url + "/health", timeout=1, context=CTX) as response:
             return response.status == 200
     except OSError:
         return False

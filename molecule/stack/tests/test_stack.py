@@ -150,7 +150,8 @@ def _chat(model: str = PUBLIC) -> dict:
 
 def test_both_replicas_serve_under_distinct_names(host):
     """Each replica's /v1 wants the replicas' key (401 without it, or with another); /health and
-    /metrics answer without one (the host firewall keeps them to the gateway and monitoring hosts)."""
+    /metrics answer without one (the host firewall keeps the ports to the gateway and monitoring hosts,
+    and on a host to root, the proxy and Prometheus: the test below)."""
     key = host.check_output(f"sed -n 's/^VLLM_API_KEY=//p' {REPLICA_KEY_FILE}")
     assert key.startswith("sk-vllm-") and len(key) > 40
     env = host.file(REPLICA_KEY_FILE)
@@ -305,6 +306,37 @@ def test_the_whole_stack_serves_with_the_host_firewall_on(host):
     tests/unit/test_firewall.py (packets, three hosts)."""
     assert host.service("labctl-firewall.service").is_running
     assert "policy drop;" in host.check_output("nft list chain inet labctl input")
+
+
+def _curl_as(host, user: str, url: str, body: str | None = None) -> tuple[int, str]:
+    """curl run by a local user of the host (runuser), no key: its exit status and the HTTP code
+    ("000": no answer). Exit 7 is curl's "failed to connect"."""
+    data = f" -H 'Content-Type: application/json' -d '{body}'" if body else ""
+    run = host.run(f"runuser -u {user} -- curl -sS -m 20 --cacert {CA_FILE} -o /dev/null -w '%{{http_code}}'{data} {url}")
+    return run.rc, run.stdout.strip()
+
+
+def test_a_local_user_gets_no_answer_from_the_replicas_while_the_gateway_serves(host):
+    """vLLM's --api-key guards /v1 only: /invocations (a whole generation), /tokenize, /metrics...
+    answer without the key (root, one of the replicas' clients, shows it). Another local user (nobody)
+    gets no connection at all to either replica (the firewall's output chain: only root, the proxy and
+    Prometheus), while the gateway serves that user's requests and the proxy reaches the replicas."""
+    assert host.exists("curl") and host.exists("runuser")
+    generate = json.dumps({"model": f"{PUBLIC}-labctl-stack-0", "prompt": "Once upon a time", "max_tokens": 4})
+    tokenize = json.dumps({"model": f"{PUBLIC}-labctl-stack-0", "prompt": "Once upon a time"})
+    assert _curl_as(host, "root", REPLICAS[0] + "/invocations", generate) == (0, "200")
+    assert _curl_as(host, "root", REPLICAS[0] + "/tokenize", tokenize) == (0, "200")
+    for url in REPLICAS.values():
+        for path, body in (("/invocations", generate), ("/tokenize", tokenize), ("/detokenize", '{"tokens": [1]}'),
+                           ("/metrics", None), ("/health", None), ("/v1/models", None)):
+            assert _curl_as(host, "nobody", url + path, body) == (7, "000"), (url, path)
+    assert _curl_as(host, "nobody", "https://127.0.0.1:4000/health/liveliness") == (0, "200")
+    status, text = _http(host, "https://127.0.0.1:4000/v1/chat/completions", _chat())
+    assert status == 200, text
+    uids = {name: host.user(name).uid for name in ("root", "litellm", "prometheus")}
+    chain = host.check_output("nft list chain inet labctl output")
+    assert re.search(r'oif "lo" tcp dport \{ 8000, 8001 \} meta skuid != \{ ' + ", ".join(map(str, sorted(uids.values()))) + r" \}",
+                     chain), (uids, chain)
 
 
 def test_gateway_health_needs_no_key_metrics_the_metrics_key(host):

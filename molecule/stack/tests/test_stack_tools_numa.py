@@ -105,7 +105,11 @@ def test_each_replica_runs_on_its_gpus_numa_node(host):
         assert _cpus(re.search(r"^CPUAffinity=(.*)$", shown, re.M).group(1)) == _cpus(node0), shown
         assert DROP_IN.format(index) in shown, shown
         # What the kernel holds every process of the replica to (server, engine core, workers).
-        pids = host.check_output(f"cat $(find /sys/fs/cgroup -type d -name 'vllm@{index}.service' | head -n 1)/cgroup.procs").split()
+        # The unit's own cgroup (systemd's path): the containers see the whole machine's cgroup tree,
+        # where another scenario's vllm@<i>.service (other PID namespace: pid 0 here) may stand first.
+        group = host.check_output(f"systemctl show -p ControlGroup --value vllm@{index}")
+        pids = host.check_output(f"cat $(ls -d /sys/fs/cgroup/unified{group} /sys/fs/cgroup/systemd{group} /sys/fs/cgroup{group} "
+                                 "2>/dev/null | head -n 1)/cgroup.procs").split()
         assert pids, index
         for pid in pids:
             allowed = host.check_output(f"sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/{pid}/status")

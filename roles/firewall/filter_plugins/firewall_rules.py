@@ -101,8 +101,60 @@ def labctl_firewall_rules(flows: Any, hosts: Any, host: str, client_networks: An
     return {"ssh": ssh, "rules": rules, "problems": problems}
 
 
+def labctl_firewall_replica_guard(replicas: Any, host: str, client_users: Any, passwd: Any) -> dict[str, Any]:
+    """Which local users of ``host`` may open a connection to a vLLM replica, this host's or another's.
+
+    vLLM's --api-key guards /v1, /v2, /inference and /cohere only: /invocations (generation),
+    /tokenize, /detokenize, /pooling, /score, /classify, /metrics... answer whoever connects. The
+    inbound chain keeps other hosts away; this is the outbound side, for the users of the host.
+    ``replicas``: lab_topology.replicas (host, address, port); ``client_users``: the user names
+    allowed (firewall_replica_clients); ``passwd``: the host's user database as the getent
+    module reads it (name -> [password, uid, ...]). Returns ``uids`` (with ``users``: name and
+    uid, for the comment), ``local_ports`` (this host's replicas, whatever local address a
+    client names), ``remote`` (per other host: nft family, address, ports) and ``problems``.
+    """
+    problems: list[str] = []
+    if isinstance(client_users, str) or not isinstance(client_users, (list, tuple)):
+        problems.append(f"firewall_replica_clients must be a list of user names, got {client_users!r}")
+        client_users = []
+    accounts = dict(passwd or {})
+    users: list[dict[str, Any]] = []
+    for name in client_users:
+        entry = accounts.get(str(name))
+        if not entry or len(entry) < 2 or not str(entry[1]).isdigit():
+            problems.append(f"firewall_replica_clients: the user {name!r} does not exist on {host} (its role creates it: "
+                            "playbooks/host.yml runs the accounts of the replicas' clients before the firewall)")
+            continue
+        users.append({"name": str(name), "uid": int(entry[1])})
+    local: set[int] = set()
+    remote: dict[str, dict[str, Any]] = {}
+    for replica in replicas or []:
+        port = int(replica["port"])
+        if str(replica.get("host")) == str(host):
+            local.add(port)
+            continue
+        address = str(replica.get("address") or "")
+        try:
+            ip = ipaddress.ip_address(address.strip("[]"))
+        except ValueError:
+            problems.append(f"{replica.get('host')}: replica {replica.get('index')} listens on {address!r}, not an IP address: "
+                            f"no rule of {host} can name it (set vllm_listen_address to an address)")
+            continue
+        entry = remote.setdefault(str(ip), {"host": str(replica.get("host")), "family": "ip" if ip.version == 4 else "ip6",
+                                             "address": str(ip), "ports": set()})
+        entry["ports"].add(port)
+    return {
+        "users": users,
+        "uids": sorted({u["uid"] for u in users}),
+        "local_ports": sorted(local),
+        "remote": [{**entry, "ports": sorted(entry["ports"])} for _, entry in sorted(remote.items())],
+        "problems": problems,
+    }
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_firewall_rules": labctl_firewall_rules,
+            "labctl_firewall_replica_guard": labctl_firewall_replica_guard,
         }

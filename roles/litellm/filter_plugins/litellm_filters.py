@@ -9,6 +9,9 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# A key record's limits (labctl.keys.AppKey): requests and tokens per minute, requests in flight.
+LIMITS = ("rpm", "tpm", "max_parallel")
+_LIMIT_FIELDS = {"rpm": "rpm_limit", "tpm": "tpm_limit", "max_parallel": "max_parallel_requests"}
 
 
 def labctl_class_floors(classes: list[dict[str, Any]], default_floor: float) -> dict[str, float]:
@@ -34,8 +37,8 @@ def labctl_app_keys_doc(keys: list[dict[str, Any]], classes: list[dict[str, Any]
     """What the gateway's auth hook reads (app-keys.json): the public model names of each key class
     (litellm_model_classes' key_class), and per sha256 the keys that are not revoked (lab_app_keys,
     the control node's store: `labctl keys`). Refuses, naming the key, a class no model class
-    carries, a malformed hash, a name used twice, a limit that is not positive, an expiry that is
-    not an ISO date-time with a zone."""
+    carries, a malformed hash, a name used twice, a limit (rpm, tpm, max_parallel) that is not
+    positive, an expiry that is not an ISO date-time with a zone."""
     by_class: dict[str, list[str]] = {}
     for entry in classes:
         if entry.get("key_class"):
@@ -57,7 +60,7 @@ def labctl_app_keys_doc(keys: list[dict[str, Any]], classes: list[dict[str, Any]
             raise AnsibleFilterError(f"{where}: sha256 is not 64 lowercase hex digits")
         if name in names or digest in doc["keys"]:
             raise AnsibleFilterError(f"{where}: given twice (revoke the old one first)")
-        for limit in ("rpm", "tpm"):
+        for limit in LIMITS:
             value = key.get(limit)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise AnsibleFilterError(f"{where}: {limit} {value!r} is not a positive number")
@@ -71,7 +74,7 @@ def labctl_app_keys_doc(keys: list[dict[str, Any]], classes: list[dict[str, Any]
                 raise AnsibleFilterError(f"{where}: expires {expires!r} is not an ISO date-time with a zone")
         names.add(name)
         doc["keys"][digest] = {"name": name, "class": key["class"], "rpm": key.get("rpm"), "tpm": key.get("tpm"),
-                               "expires": expires}
+                               "max_parallel": key.get("max_parallel"), "expires": expires}
     return doc
 
 
@@ -89,11 +92,26 @@ def labctl_new_key_problem(new: dict[str, Any], keys: list[dict[str, Any]]) -> s
     return ""
 
 
+def _virtual_key_settings(record: dict[str, Any], classes: list[dict[str, Any]], routes: list[str],
+                          max_parallel: int) -> dict[str, Any]:
+    """What a live store record decides of its virtual key: the models of its class, the model API's
+    routes only, its limits (max_parallel: the record's or the gateway's default)."""
+    doc = labctl_app_keys_doc([record], classes)
+    settings: dict[str, Any] = {"models": doc["classes"][record["class"]], "allowed_routes": list(routes),
+                                "max_parallel_requests": record.get("max_parallel") or int(max_parallel)}
+    for limit in ("rpm", "tpm"):
+        if record.get(limit) is not None:
+            settings[_LIMIT_FIELDS[limit]] = record[limit]
+    return settings
+
+
 def labctl_virtual_key_request(new: dict[str, Any], keys: list[dict[str, Any]], classes: list[dict[str, Any]],
-                               now: str | None = None) -> dict[str, Any]:
+                               now: str | None = None, *, routes: list[str] | None = None,
+                               max_parallel: int = 1) -> dict[str, Any]:
     """The /key/generate body for a key `labctl keys add` just made (database mode): the key itself
-    (new: name and key), its store record's class as the models it reaches, its limits, and its
-    expiry as a duration from now. Refuses a key the store does not hold, or whose hash differs."""
+    (new: name and key), its store record's class as the models it reaches, the model API's
+    ``routes`` only (allowed_routes), its limits, and its expiry as a duration from now. Refuses a
+    key the store does not hold, or whose hash differs."""
     from datetime import timezone
 
     problem = labctl_new_key_problem(new, keys)
@@ -101,12 +119,8 @@ def labctl_virtual_key_request(new: dict[str, Any], keys: list[dict[str, Any]], 
         raise AnsibleFilterError(problem)
     name = str(new["name"])
     record = next(k for k in keys if k.get("name") == name and not k.get("revoked"))
-    doc = labctl_app_keys_doc([record], classes)
-    body: dict[str, Any] = {"key": new["key"], "key_alias": name, "models": doc["classes"][record["class"]],
-                            "metadata": {"labctl_key_class": record["class"]}}
-    for limit in ("rpm", "tpm"):
-        if record.get(limit) is not None:
-            body[f"{limit}_limit"] = record[limit]
+    body: dict[str, Any] = {"key": new["key"], "key_alias": name, "metadata": {"labctl_key_class": record["class"]},
+                            **_virtual_key_settings(record, classes, routes or [], max_parallel)}
     if record.get("expires"):
         start = datetime.fromisoformat(now) if now else datetime.now(timezone.utc)
         seconds = int((datetime.fromisoformat(str(record["expires"])) - start).total_seconds())
@@ -116,11 +130,34 @@ def labctl_virtual_key_request(new: dict[str, Any], keys: list[dict[str, Any]], 
     return body
 
 
+def labctl_virtual_key_updates(lookups: list[dict[str, Any]], classes: list[dict[str, Any]], routes: list[str],
+                               max_parallel: int) -> list[dict[str, Any]]:
+    """The /key/update bodies that bring the live virtual keys to their store records (database mode):
+    ``lookups`` are the /key/info answers (ansible.builtin.uri results looped over the live records,
+    ``item`` the record); a key the database does not hold, or that already has its class's models,
+    the model API's routes and its limits, needs none. Keys made before allowed_routes and
+    max_parallel existed get them here."""
+    updates = []
+    for lookup in lookups or []:
+        if lookup.get("status") != 200:
+            continue
+        record = lookup["item"]
+        info = ((lookup.get("json") or {}).get("info")) or {}
+        wanted = _virtual_key_settings(record, classes, routes, max_parallel)
+        differs = {field: value for field, value in wanted.items()
+                   if (sorted(info.get(field) or []) if isinstance(value, list) else info.get(field))
+                   != (sorted(value) if isinstance(value, list) else value)}
+        if differs:
+            updates.append({"key": record["sha256"], **differs})
+    return updates
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_app_keys_doc": labctl_app_keys_doc,
             "labctl_new_key_problem": labctl_new_key_problem,
             "labctl_virtual_key_request": labctl_virtual_key_request,
+            "labctl_virtual_key_updates": labctl_virtual_key_updates,
             "labctl_class_floors": labctl_class_floors,
         }

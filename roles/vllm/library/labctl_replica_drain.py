@@ -21,6 +21,11 @@ options:
     description: Base URL of the replica, e.g. C(http://127.0.0.1:8000).
     type: str
     required: true
+  ca_file:
+    description:
+      - CA certificate that must have signed an https O(url)'s certificate (else the system's).
+      - A certificate that does not chain to it fails the module (it is not a replica without requests).
+    type: path
   timeout:
     description: Seconds to wait in all; 0 reads once.
     type: int
@@ -58,7 +63,9 @@ seconds:
   type: float
 """
 
+import ssl
 import time
+import urllib.error
 import urllib.request
 
 from ansible.module_utils.basic import AnsibleModule
@@ -78,11 +85,19 @@ def in_flight(text):
     return int(total)
 
 
-def read(url):
-    """Requests in flight, or None when the replica does not answer."""
+def read(url, context=None):
+    """Requests in flight, or None when the replica does not answer. A certificate that does not
+    chain to the CA raises ssl.SSLCertVerificationError: the replica answered, and what it holds
+    is unknown."""
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:  # noqa: S310 (the replica's own URL)
+        with urllib.request.urlopen(url + "/metrics", timeout=10, context=context) as response:  # noqa: S310 (the replica's own URL)
             return in_flight(response.read().decode(errors="replace"))
+    except ssl.SSLCertVerificationError:
+        raise
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ssl.SSLCertVerificationError):
+            raise exc.reason from exc
+        return None
     except (OSError, ValueError):
         return None
 
@@ -91,6 +106,7 @@ def main():
     module = AnsibleModule(
         argument_spec={
             "url": {"type": "str", "required": True},
+            "ca_file": {"type": "path"},
             "timeout": {"type": "int", "default": 300},
             "grace": {"type": "float", "default": 0},
             "interval": {"type": "float", "default": 1},
@@ -100,10 +116,16 @@ def main():
     params = module.params
     if module.check_mode:
         module.exit_json(changed=False, drained=True, in_flight=0, seconds=0.0, msg="check mode: not waiting")
+    # https: the certificate must chain to ca_file and carry the URL's host name (or address).
+    context = ssl.create_default_context(cafile=params["ca_file"]) if params["ca_file"] else None
     started = time.monotonic()
     time.sleep(params["grace"])
     while True:
-        count = read(params["url"].rstrip("/"))
+        try:
+            count = read(params["url"].rstrip("/"), context)
+        except ssl.SSLCertVerificationError as exc:
+            module.fail_json(msg=f"{params['url']}: its certificate is refused ({exc.verify_message}): it must chain to "
+                             f"ca_file ({params['ca_file'] or 'the system CAs'}) and name the URL's address")
         if not count:
             module.exit_json(changed=False, drained=True, in_flight=0, seconds=round(time.monotonic() - started, 1),
                              answered=count is not None)

@@ -1,0 +1,283 @@
+"""A client with a valid key, through the real LiteLLM 1.106.0 proxy with the litellm role's own
+config and callbacks (gateway_proxy.py), in front of a replica stand-in that records what vLLM
+would receive (recording_replica.py): every place LiteLLM 1.106.0 reads a model or a priority from
+(the research for issue 29, from the pinned wheel's source: the URL's ?model=, path models,
+deployment ids and names, comma lists, client fallbacks and router_settings_override; extra_body,
+priority, additional_drop_params, allowed_openai_params) is either refused, with nothing sent to
+the replica, or served at the key's class, the replica receiving that class's priority. Also the
+per-key concurrency limit, the admission gate's slots (no request frees another's) and its
+Retry-After on every route, a key with non-ASCII characters, and the UI sign-in."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from labctl.keys import KeyStore
+
+from .gateway_proxy import MASTER, Gateway, running_gateway
+from .recording_replica import vllm_priority
+
+INTERACTIVE, BATCH = 0, 10
+# One replica of 4 sequences; the gate admits 4 (factor 1.0, one worker) and lets a request wait 3 s,
+# then 503 with Retry-After: 7. An application key holds at most 2 requests by default (0.5 x 4 slots).
+SLOTS = 4
+VARIABLES = {"vllm_max_num_seqs": SLOTS, "litellm_num_workers": 1, "litellm_admission_slots_factor": 1.0,
+             "litellm_admission_queue_timeout": 3, "litellm_admission_retry_after": 7}
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    with running_gateway(tmp_path_factory.mktemp("gateway"), VARIABLES) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def keys(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Application keys made with labctl's store and sent as the role sends them (app-keys.json)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "roles" / "litellm" / "filter_plugins"))
+    from litellm_filters import labctl_app_keys_doc
+
+    store = KeyStore(tmp_path_factory.mktemp("store") / "app-keys.json")
+    made = {"notebook": store.add("notebook", "interactive")[1], "nightly": store.add("nightly", "batch")[1],
+            "wide": store.add("wide", "batch", max_parallel=3)[1]}
+    classes = [{"name": gateway.model_of(INTERACTIVE), "priority": INTERACTIVE, "key_class": "interactive"},
+               {"name": gateway.model_of(BATCH), "priority": BATCH, "key_class": "batch"}]
+    tmp = gateway.keys_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(labctl_app_keys_doc([k.record() for k in store.load()], classes)))
+    tmp.replace(gateway.keys_file)
+    return made
+
+
+def _text(marker: str, path: str) -> dict[str, Any]:
+    """The request's text field for ``path``, holding ``marker``."""
+    if "responses" in path:
+        return {"input": f"say ok {marker}", "max_output_tokens": 4}
+    if path.endswith("/completions") and "chat" not in path:
+        return {"prompt": f"say ok {marker}", "max_tokens": 4}
+    return {"messages": [{"role": "user", "content": f"say ok {marker}"}], "max_tokens": 4}
+
+
+def _probe(gw: Gateway, key: str, path: str, model: str | None, extra: dict[str, Any], query: str = "",
+           stream: bool = False, hold: float = 0) -> tuple[int, list[int | None], str]:
+    """Send one request (the replica answers it ``hold`` seconds later); returns its status, the
+    priorities the replica received for it (vLLM's reading of each body: no field is 0), and the
+    answer's start."""
+    marker = f"probe-{uuid.uuid4().hex}" + (f" hold={hold}" if hold else "")
+    body = {**({"model": model} if model is not None else {}), **_text(marker, path), **extra}
+    if stream:
+        body["stream"] = True
+    status, _, text = gw.request(path + query, key, body)
+    received = [vllm_priority(r["body"].get("priority", 0)) for r in gw.recorder.marked(marker)]
+    return status, received, text[:300]
+
+
+def _check(gw: Gateway, key: str, priority: int,
+           probes: Sequence[tuple[str, str, str | None, dict[str, Any], str, bool]]) -> None:
+    """Each probe (name, path, body model, extra fields, query, stream) is refused (400/401/403/404,
+    nothing reaches the replica) or served with every replica request at ``priority``."""
+    escaped = []
+    for name, path, model, extra, query, stream in probes:
+        status, received, text = _probe(gw, key, path, model, extra, query, stream)
+        refused = status in (400, 401, 403, 404) and not received
+        served = status == 200 and received and all(p == priority for p in received)
+        if not (refused or served):
+            escaped.append(f"{name}: neither refused nor served at its class: HTTP {status}, the replica received "
+                           f"priorities {received} (class {priority}): {text}")
+    assert not escaped, "\n".join(escaped)
+
+
+def test_each_class_is_served_at_its_priority(gateway: Gateway, keys: dict[str, str]) -> None:
+    """The baseline: a plain request of each key reaches the replica with its class's priority."""
+    inter, batch = gateway.model_of(INTERACTIVE), gateway.model_of(BATCH)
+    for key, model, priority in ((keys["notebook"], inter, INTERACTIVE), (keys["nightly"], batch, BATCH)):
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+            status, received, text = _probe(gateway, key, path, model, {})
+            assert (status, received) == (200, [priority]), (path, text)
+        status, received, text = _probe(gateway, key, "/v1/chat/completions", model, {}, stream=True)
+        assert (status, received) == (200, [priority]), text
+
+
+def test_a_model_named_outside_the_body_is_refused(gateway: Gateway, keys: dict[str, str]) -> None:
+    """?model= beats the body's model in LiteLLM 1.106.0 (resolve_inference_model), and names a
+    group, a deployment id, a deployment name or a comma list; a path names one too."""
+    inter, batch = gateway.model_of(INTERACTIVE), gateway.model_of(BATCH)
+    ident, name = gateway.deployment_id(inter), gateway.deployment_name(inter)
+    chat, completions = "/v1/chat/completions", "/v1/completions"
+    probes: list[tuple[str, str, str | None, dict[str, Any], str, bool]] = [
+        ("?model=<interactive>", chat, batch, {}, f"?model={inter}", False),
+        ("?model=<interactive>, streamed", chat, batch, {}, f"?model={inter}", True),
+        ("?model=<deployment id>", chat, batch, {}, f"?model={ident}", False),
+        ("?model=<deployment name>", chat, batch, {}, f"?model={name}", False),
+        ("?model=<both classes>", chat, batch, {}, f"?model={inter},{batch}", False),
+        ("?model= (empty)", chat, batch, {}, "?model=", False),
+        ("/chat/completions?model=", "/chat/completions", batch, {}, f"?model={inter}", False),
+        ("/v1/completions?model=", completions, batch, {}, f"?model={inter}", False),
+        ("/completions?model=", "/completions", batch, {}, f"?model={inter}", False),
+        ("/v1/responses?model=", "/v1/responses", batch, {}, f"?model={inter}", False),
+        ("/engines/<interactive>/", f"/engines/{inter}/chat/completions", batch, {}, "", False),
+        ("/openai/deployments/<interactive>/", f"/openai/deployments/{inter}/chat/completions", batch, {}, "", False),
+        ("/v1/embeddings?model=", "/v1/embeddings", batch, {"input": "x"}, f"?model={inter}", False),
+        ("body model <deployment id>", chat, ident, {}, "", False),
+        ("body model <both classes>", chat, f"{inter},{batch}", {}, "", False),
+    ]
+    _check(gateway, keys["nightly"], BATCH, probes)
+
+
+def test_client_fallbacks_cannot_reach_another_class(gateway: Gateway, keys: dict[str, str]) -> None:
+    """A tiny timeout fails the batch request, and a client fallback then serves it from the
+    interactive group (LiteLLM honours fallbacks and router_settings_override from any key)."""
+    inter, batch = gateway.model_of(INTERACTIVE), gateway.model_of(BATCH)
+    fail = {"timeout": 0.00001}
+    probes: list[tuple[str, str, str | None, dict[str, Any], str, bool]] = [
+        ("fallbacks [{model}]", "/v1/chat/completions", batch, {**fail, "fallbacks": [{"model": inter, "timeout": 30}]}, "", False),
+        ("fallbacks [name]", "/v1/chat/completions", batch, {**fail, "fallbacks": [inter]}, "", False),
+        ("context_window_fallbacks", "/v1/chat/completions", batch, {"context_window_fallbacks": [{batch: [inter]}]}, "", False),
+        ("content_policy_fallbacks", "/v1/chat/completions", batch, {"content_policy_fallbacks": [{batch: [inter]}]}, "", False),
+        ("router_settings_override", "/v1/chat/completions", batch,
+         {**fail, "router_settings_override": {"fallbacks": [{batch: [inter]}], "timeout": 30}}, "", False),
+        ("fallbacks on /v1/completions", "/v1/completions", batch, {**fail, "fallbacks": [{"model": inter, "timeout": 30}]}, "", False),
+        ("fallbacks on /v1/responses", "/v1/responses", batch, {**fail, "fallbacks": [{"model": inter, "timeout": 30}]}, "", False),
+        ("specific_deployment", "/v1/chat/completions", gateway.deployment_name(inter), {"specific_deployment": True}, "", False),
+    ]
+    _check(gateway, keys["nightly"], BATCH, probes)
+
+
+PRIORITY_FIELDS: list[tuple[str, dict[str, Any]]] = [
+    ("extra_body priority -9", {"extra_body": {"priority": -9}}),
+    ("extra_body {}", {"extra_body": {}}),
+    ("extra_body other field", {"extra_body": {"foo": 1}}),
+    ("priority -9", {"priority": -9}),
+    ("priority 0", {"priority": 0}),
+    ("priority '-9'", {"priority": "-9"}),
+    ("priority -9.0", {"priority": -9.0}),
+    ("priority -9.5", {"priority": -9.5}),
+    ("additional_drop_params priority", {"additional_drop_params": ["priority"]}),
+    ("additional_drop_params extra_body", {"additional_drop_params": ["extra_body"]}),
+    ("allowed_openai_params priority", {"allowed_openai_params": ["priority"], "priority": 0}),
+    ("litellm_params extra_body", {"litellm_params": {"extra_body": {"priority": -9}}}),
+    ("metadata priority", {"metadata": {"priority": -9}}),
+]
+
+
+def test_a_client_cannot_set_or_remove_the_priority(gateway: Gateway, keys: dict[str, str]) -> None:
+    """Whatever field carries it, on chat (plain and streamed), completions and responses."""
+    batch = gateway.model_of(BATCH)
+    probes = [(f"{name} on {path}{' streamed' if stream else ''}", path, batch, extra, "", stream)
+              for path, stream in (("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/v1/completions", False),
+                                   ("/v1/responses", False))
+              for name, extra in PRIORITY_FIELDS]
+    _check(gateway, keys["nightly"], BATCH, probes)
+    inter = gateway.model_of(INTERACTIVE)
+    _check(gateway, keys["notebook"], INTERACTIVE,
+           [("interactive key, extra_body priority 10", "/v1/chat/completions", inter, {"extra_body": {"priority": 10}}, "", False)])
+
+
+def test_the_gateway_decides_the_priority_for_the_master_key_too(gateway: Gateway) -> None:
+    """The master key may name any model and send any field: the replica still receives the
+    priority of the deployment that serves it (labctl_guard's deployment hook, every attempt)."""
+    batch = gateway.model_of(BATCH)
+    probes = [(f"master {name} on {path}{' streamed' if stream else ''}", path, batch, extra, "", stream)
+              for path, stream in (("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/v1/completions", False),
+                                   ("/v1/responses", False))
+              for name, extra in PRIORITY_FIELDS if "-9.5" not in name]
+    _check(gateway, MASTER, BATCH, probes)
+
+
+def test_one_key_holds_at_most_its_max_parallel(gateway: Gateway, keys: dict[str, str]) -> None:
+    """nightly has the default (two requests at once here: half the gate's slots), wide its own 3
+    (labctl keys add --max-parallel 3): LiteLLM answers 429 beyond, and the replica never sees the
+    extra request."""
+    batch = gateway.model_of(BATCH)
+
+    def burst(key: str) -> list[tuple[int, list[int | None], str]]:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(_probe, gateway, key, "/v1/chat/completions", batch, {}, hold=2) for _ in range(3)]
+            return [f.result() for f in futures]
+
+    nightly = burst(keys["nightly"])
+    assert sorted(r[0] for r in nightly) == [200, 200, 429], nightly
+    assert [r[1] for r in nightly if r[0] == 429] == [[]]
+    wide = sorted(r[0] for r in burst(keys["wide"]))
+    assert wide == [200, 200, 200], wide
+
+
+def test_no_request_frees_another_requests_slot(gateway: Gateway) -> None:
+    """Four requests hold the gate's four slots. LiteLLM forwards /v1/responses' metadata to vLLM, which
+    echoes it: nothing of the gate may be there. A request that names a slot's token in its own
+    metadata and then fails (here: it waits past the admission timeout, on /v1/completions) frees
+    nothing, and gets its 503 with Retry-After there too (LiteLLM drops an HTTPException's headers on
+    that route); a later request still waits for a slot."""
+    inter = gateway.model_of(INTERACTIVE)
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(SLOTS + 1) as pool:
+        first = pool.submit(_probe, gateway, MASTER, "/v1/responses", inter, {}, hold=8)
+        others = [pool.submit(_probe, gateway, MASTER, "/v1/chat/completions", inter, {}, hold=8) for _ in range(SLOTS - 1)]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # every slot taken (the replica holds them 8 s)
+            held = [r for r in gateway.recorder.requests if "hold=8" in json.dumps(r["body"])]
+            if len(held) == SLOTS:
+                break
+            time.sleep(0.1)
+        assert len(held) == SLOTS, held
+        responses_body = next(r["body"] for r in held if r["path"] == "/v1/responses")
+        leaked = json.dumps(responses_body.get("metadata"))
+        token = (responses_body.get("metadata") or {}).get("labctl_admission") or uuid.uuid4().hex
+        status, headers, text = gateway.request("/v1/completions", MASTER, {
+            "model": inter, "prompt": "say ok", "max_tokens": 4, "metadata": {"labctl_admission": token}})
+        late_marker = f"late-{uuid.uuid4().hex}"
+        late = pool.submit(gateway.request, "/v1/chat/completions", MASTER, {
+            "model": inter, "messages": [{"role": "user", "content": late_marker}], "max_tokens": 4})
+        time.sleep(1.0)
+        reached_early = bool(gateway.recorder.marked(late_marker))
+        late_status = late.result()[0]
+        assert [f.result()[0] for f in (first, *others)] == [200] * SLOTS
+    problems = []
+    if "labctl_admission" in leaked:
+        problems.append(f"the gate's token reached the replica: {leaked}")
+    if (status, headers.get("retry-after")) != (503, "7"):
+        problems.append(f"/v1/completions after the admission timeout: HTTP {status}, Retry-After "
+                        f"{headers.get('retry-after')!r} (want 503, '7'): {text[:200]}")
+    if reached_early or late_status not in (200, 503):
+        problems.append(f"a later request was admitted while every slot was held ({late_status}): the failed "
+                        "request freed a slot it did not hold")
+    assert not problems, "\n".join(problems)
+    assert time.monotonic() - started < 60
+
+
+def test_every_slot_comes_back(gateway: Gateway, keys: dict[str, str]) -> None:
+    """After every probe above (plain, streamed, refused, failed, timed out), every slot is free:
+    as many requests as slots, each holding one for 2 s, are all admitted at once."""
+    inter = gateway.model_of(INTERACTIVE)
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(SLOTS) as pool:
+        results = list(pool.map(lambda _: _probe(gateway, MASTER, "/v1/chat/completions", inter, {}, hold=2)[0],
+                                range(SLOTS)))
+    assert results == [200] * SLOTS
+    assert time.monotonic() - started < 2 + 2.5  # none waited for another (the gate would make it 4 s or a 503)
+
+
+def test_a_key_with_characters_outside_ascii_gets_401(gateway: Gateway) -> None:
+    inter = gateway.model_of(INTERACTIVE)
+    status, _, text = gateway.request("/v1/chat/completions", "sk-lab-clé", {
+        "model": inter, "messages": [{"role": "user", "content": "x"}]})
+    assert status == 401, text
+    assert "compare_digest" not in gateway.log.read_text()
+
+
+def test_no_ui_sign_in_with_the_master_key(gateway: Gateway) -> None:
+    """litellm_admin_ui: false (the default): LiteLLM's /login refuses the master key as a password
+    before anything else (disable_env_credential_login; without it, here, the login goes on to make a
+    UI session key and fails only for want of a database, which database mode has)."""
+    status, _, text = gateway.request("/login", None, f"username=admin&password={MASTER}".encode(),
+                                      headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 401 and "Invalid credentials" in text, (status, text[:300])
