@@ -330,3 +330,23 @@ def test_the_hook_uses_names_the_bundled_litellm_has() -> None:
     for field in ("key_alias", "key_name", "rpm_limit", "tpm_limit", "max_parallel_requests", "models", "metadata", "user_role"):
         assert f"    {field}:" in types_src, field
     assert "response = await user_custom_auth(request=request, api_key=api_key)" in auth
+
+
+def test_preflight_accepts_every_field_the_store_writes() -> None:
+    """site.yml's preflight validates lab_app_keys (the store's records) against the project's spec:
+    a field `labctl keys` writes that the spec lacks stops every later run ("Supported parameters
+    include ..."), as max_parallel did once a key was made with --max-parallel."""
+    import dataclasses
+
+    import yaml
+
+    from labctl.keys import AppKey
+
+    specs = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "preflight" / "files"
+                            / "project_argument_specs.yml").read_text())
+    options = next(spec["options"]["lab_app_keys"]["options"] for spec in specs["argument_specs"].values()
+                   if "lab_app_keys" in spec.get("options", {}))
+    record = AppKey(name="n", key_class="batch", sha256="0" * 64, created="2026-12-04T00:00:00+00:00", rpm=1, tpm=1,
+                    max_parallel=1, expires="2027-01-01T00:00:00+00:00", revoked="2026-12-05T00:00:00+00:00").record()
+    assert set(record) <= set(options), set(record) - set(options)
+    assert {f.name for f in dataclasses.fields(AppKey)} - {"key_class"} <= set(options)
