@@ -40,7 +40,7 @@ image: host-tools
 # The test bundle also carries stub NVIDIA packages (tests/fixtures/nvidia-repo, test doubles).
 bundle-test: venv image
 	python3 tests/fixtures/nvidia-repo/build.py >/dev/null
-	python3 tests/fixtures/kernel-repo/build.py >/dev/null
+	python3 tests/fixtures/kernel-repo/build_kernels.py >/dev/null
 	python3 tests/fixtures/grafana/build.py >/dev/null
 	python3 scripts/make-tiny-model.py build/models/tiny-llama/r1 >/dev/null
 	labctl bundle build --profile test --out $(TEST_BUNDLE) --base-image $(LABCTL_TEST_IMAGE)
@@ -51,6 +51,7 @@ lint: venv
 	ansible-lint
 	ansible-playbook --syntax-check site.yml -i inventories/lab
 	mypy
+	ruff check .
 
 # After the bundle: some tests read the pinned wheels (metric names in vLLM's and LiteLLM's source),
 # and run the real LiteLLM proxy from its wheel set (tests/unit/gateway_proxy.py), in build/gateway-venv:
@@ -110,7 +111,7 @@ lab-parts-run:
 # versions, tests/fixtures/nvidia-repo/README.md): a bundle per flavour, then `molecule test -s gpu`.
 # `make test` runs the Debian flavour (the test bundle); this target
 # runs the ones given (all by default). The containers stay Debian 12: only Debian's archive is
-# reachable here (README, "verified where").
+# reachable here (docs/verification.md).
 GPU_FLAVOURS ?= ubuntu2404 ubuntu2204
 .PHONY: test-gpu-flavours
 test-gpu-flavours: bundle-test

@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Action plugin: several directories, each with its owner, group and mode, in one call when all are current.
 
 Documentation and argument spec: library/labctl_directories.py (a stub module for ansible-doc and
@@ -41,7 +40,7 @@ class ActionModule(ActionBase):
             return {**result, **answer}
         results: list[dict[str, t.Any]] = []
         diffs: list[t.Any] = []
-        for want, state in zip(wanted, answer["files"]):
+        for want, state in zip(wanted, answer["files"], strict=True):
             if state.get("current"):
                 results.append({**state, "changed": False})
                 continue

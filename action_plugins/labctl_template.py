@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Action plugin: ansible.builtin.template with a one-call answer when the file is already current.
 
 Documentation and argument spec: library/labctl_template.py (a stub module for ansible-doc and
@@ -22,19 +21,18 @@ ansible.builtin.copy.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
+import pwd
+import time
 import typing as t
 
+from ansible import constants
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_bytes
 from ansible.plugins.action import ActionBase
 from ansible.template import trust_as_template
-
-try:  # The variables the builtin template action adds (ansible_managed, template_*).
-    from ansible._internal._templating._template_vars import generate_ansible_template_vars
-except ImportError:  # pragma: no cover - another ansible-core: every task takes the builtin's path
-    generate_ansible_template_vars = None
 
 # Jinja2 delimiters a task may set, passed to the renderer as the builtin passes them.
 DELIMITERS = ("variable_start_string", "variable_end_string", "block_start_string", "block_end_string",
@@ -43,6 +41,29 @@ DELIMITERS = ("variable_start_string", "variable_end_string", "block_start_strin
 FAST_ARGS = frozenset(("src", "dest", "owner", "group", "mode", "validate", "backup", *DELIMITERS))
 # With content instead of src the task is ansible.builtin.copy's (a file with exactly that text).
 CONTENT_ARGS = frozenset(("content", "dest", "owner", "group", "mode", "validate", "backup"))
+
+
+def template_vars(path: str, fullpath: str, dest_path: str, include_ansible_managed: bool) -> dict[str, t.Any]:
+    """The variables ansible.builtin.template adds for a template (template_* and, unless the play
+    sets it, ansible_managed from the DEFAULT_MANAGED_STR setting), made from public APIs only:
+    ansible-core documents these variables, not the private function that makes them."""
+    stat = os.stat(fullpath)
+    try:
+        uid: int | str = pwd.getpwuid(stat.st_uid).pw_name
+    except KeyError:
+        uid = stat.st_uid
+    variables: dict[str, t.Any] = {
+        "template_host": os.uname()[1], "template_path": path, "template_fullpath": fullpath,
+        "template_destpath": dest_path, "template_uid": uid,
+        # local, naive times: what the builtin gives templates
+        "template_mtime": datetime.datetime.fromtimestamp(stat.st_mtime),  # noqa: DTZ006
+        "template_run_date": datetime.datetime.now(),  # noqa: DTZ005
+    }
+    if include_ansible_managed:
+        managed = str(constants.config.get_config_value("DEFAULT_MANAGED_STR"))
+        managed = managed.format(host="{{ template_host }}", uid="{{ template_uid }}", file="{{ template_path }}")
+        variables["ansible_managed"] = trust_as_template(time.strftime(managed, time.localtime(stat.st_mtime)))
+    return variables
 
 
 def builtin_only() -> bool:
@@ -84,25 +105,23 @@ class ActionModule(ActionBase):
     def _render(self, args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> bytes | None:
         """The bytes ansible.builtin.template would write, or None when in doubt (the builtin decides)."""
         src, dest = args.get("src"), args.get("dest")
-        if generate_ansible_template_vars is None or not isinstance(src, str) or not isinstance(dest, str):
+        if not isinstance(src, str) or not isinstance(dest, str):
             return None
         try:
-            source = self._find_needle("templates", src)
+            source: str = self._find_needle("templates", src)  # type: ignore[no-untyped-call]
             data = trust_as_template(self._loader.get_text_file_contents(source))
             search: list[str] = []
             for path in [*task_vars.get("ansible_search_path", []), self._loader._basedir, os.path.dirname(source)]:
                 search += [os.path.join(path, "templates"), path]
             variables = dict(task_vars)
-            variables.update(generate_ansible_template_vars(
-                path=src, fullpath=source, dest_path=dest,
-                include_ansible_managed="ansible_managed" not in variables))
+            variables.update(template_vars(src, source, dest, include_ansible_managed="ansible_managed" not in variables))
             templar = self._templar.copy_with_new_env(searchpath=search, available_variables=variables)
             overrides = {"trim_blocks": True, "lstrip_blocks": False, "newline_sequence": "\n",
                          **{key: args[key] for key in DELIMITERS if key in args}}
             text = templar.template(data, escape_backslashes=False, overrides=overrides)
         except AnsibleError:
             return None  # the builtin reports the error in its own words
-        return to_bytes("" if text is None else str(text), encoding="utf-8", errors="surrogate_or_strict")
+        return bytes(to_bytes("" if text is None else str(text), encoding="utf-8", errors="surrogate_or_strict"))
 
     def _builtin(self, name: str, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
         action = self._shared_loader_obj.action_loader.get(

@@ -21,19 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Its neighbours in bench/, which Python puts first on the path of a script it runs.
+import loadgen as lg
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import loadgen as lg  # noqa: E402
-from gatewaymetrics import healthy_state_rise  # noqa: E402
+from gatewaymetrics import healthy_state_rise
 
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / "build" / "bench-venv"
 LABCTL = REPO / ".venv" / "bin" / "labctl"
 INVENTORY = REPO / "bench" / "inventory"
 LAB_SETTINGS = REPO / "bench" / "lab-settings.yaml"
-AUTH_TEMPLATE = REPO / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm" / "labctl_auth.py.j2"
-READINESS_TEMPLATE = AUTH_TEMPLATE.with_name("labctl_readiness.py.j2")
+CALLBACKS = REPO / "roles" / "litellm" / "files" / "etc" / "labctl" / "litellm"  # the role's plain Python callbacks
 
 SCALE = 2.5  # one bench second stands for SCALE seconds in the lab
 SLOTS = 32  # per stand-in replica (the issue's measurement)
@@ -94,21 +92,19 @@ def scale_times(node: Any) -> Any:
     return node
 
 
-def project_config(inventory: Path = INVENTORY, admission: Path | None = None) -> dict[str, Any]:
-    """The role's config.yaml for the inventory; with ``admission``, also its priority gate there,
-    its waiting times scaled like the config's."""
-    extra = ["--admission-out", str(admission)] if admission is not None else []
+def project_config(inventory: Path = INVENTORY, callbacks: Path | None = None) -> dict[str, Any]:
+    """The role's config.yaml for the inventory; with ``callbacks`` (a directory), also its callbacks
+    and their settings there, the priority gate's waiting times scaled like the config's."""
+    extra = ["--callbacks-out", str(callbacks)] if callbacks is not None else []
     out = subprocess.run([str(LABCTL), "gateway-config", "-i", str(inventory), *extra], check=True, capture_output=True,
                          text=True, cwd=REPO)
-    if admission is not None:
-        lines = []
-        for line in admission.read_text().splitlines():
-            name, _, value = line.partition(" = ")
-            if name in ("TIMEOUT", "MAX_HOLD"):
-                line = f"{name} = {float(value) / SCALE}"
-            lines.append(line)
-        admission.write_text("\n".join(lines) + "\n")
-    return yaml.safe_load(out.stdout)
+    if callbacks is not None:
+        settings = callbacks / "labctl_admission.yaml"
+        gate = yaml.safe_load(settings.read_text())
+        gate.update(timeout=float(gate["timeout"]) / SCALE, max_hold=float(gate["max_hold"]) / SCALE)
+        settings.write_text(yaml.safe_dump(gate, sort_keys=False))
+    rendered: dict[str, Any] = yaml.safe_load(out.stdout)
+    return rendered
 
 
 def replicas_of(project: dict[str, Any]) -> list[dict[str, Any]]:
@@ -170,36 +166,31 @@ def flush_redis() -> None:
                    check=True, capture_output=True)
 
 
-def render_template(template: Path, **variables: Any) -> str:
-    """One of the litellm role's callback templates, without its ansible_managed line."""
-    import jinja2
-
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    env.filters["to_json"] = json.dumps
-    return env.from_string(template.read_text().split("\n", 1)[1]).render(**variables)
+def write_callback(rundir: Path, name: str, settings: dict[str, Any] | None = None) -> None:
+    """One of the litellm role's callbacks beside the config, with its settings file."""
+    shutil.copyfile(CALLBACKS / f"{name}.py", rundir / f"{name}.py")
+    if settings is not None:
+        (rundir / f"{name}.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
 
 
-def render_readiness(drain_dir: Path) -> str:
+def readiness_settings(drain_dir: Path) -> dict[str, Any]:
     defaults = yaml.safe_load((REPO / "roles" / "litellm" / "defaults" / "main.yml").read_text())
-    return render_template(
-        READINESS_TEMPLATE,
-        litellm_readiness_interval=defaults["litellm_readiness_interval"],
-        litellm_readiness_timeout=defaults["litellm_readiness_timeout"], __litellm_drain_dir=str(drain_dir),
-        litellm_vllm_ca_file=defaults["litellm_vllm_ca_file"])
+    return {"interval": float(defaults["litellm_readiness_interval"]), "timeout": float(defaults["litellm_readiness_timeout"]),
+            "drain_dir": str(drain_dir), "ca_file": defaults["litellm_vllm_ca_file"]}
 
 
-def start_gateway(cfg: dict[str, Any], workers: int, rundir: Path, admission: Path | None = None) -> subprocess.Popen[bytes]:
+def start_gateway(cfg: dict[str, Any], workers: int, rundir: Path, callbacks: Path | None = None) -> subprocess.Popen[bytes]:
     (rundir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    if admission is not None:  # the role's priority gate, rendered for the bench inventory
-        shutil.copyfile(admission, rundir / "labctl_admission.py")
+    if callbacks is not None:  # the role's priority gate, with its settings rendered for the bench inventory
+        for name in ("labctl_admission.py", "labctl_admission.yaml"):
+            shutil.copyfile(callbacks / name, rundir / name)
     # The role's auth hook (custom_auth), as the role writes it beside config.yaml (no application keys).
     # (the bench's load uses the master key: no application key, so no per-key limit applies)
-    (rundir / "labctl_auth.py").write_text(render_template(AUTH_TEMPLATE, litellm_app_keys_path=str(rundir / "app-keys.json"),
-                                                           __litellm_app_key_max_parallel=1))
-    # The role's class guard (config.yaml lists it among the callbacks; no variables).
-    (rundir / "labctl_guard.py").write_text(render_template(AUTH_TEMPLATE.with_name("labctl_guard.py.j2")))
-    # The role's readiness routing callback, rendered with the role's defaults (drain markers under rundir).
-    (rundir / "labctl_readiness.py").write_text(render_readiness(rundir / "drain"))
+    write_callback(rundir, "labctl_auth", {"keys_file": str(rundir / "app-keys.json"), "default_max_parallel": 1})
+    # The role's class guard (config.yaml lists it among the callbacks; no settings).
+    write_callback(rundir, "labctl_guard")
+    # The role's readiness routing callback, with the role's defaults (drain markers under rundir).
+    write_callback(rundir, "labctl_readiness", readiness_settings(rundir / "drain"))
     prom = rundir / "prometheus"
     shutil.rmtree(prom, ignore_errors=True)
     prom.mkdir(parents=True)
@@ -243,12 +234,12 @@ def post_json(url: str, payload: dict[str, Any]) -> Any:
 # --- One setting ------------------------------------------------------------------------------
 
 async def run_setting(name: str, cfg: dict[str, Any], workers: int, target: lg.Target, replicas: list[dict[str, Any]],
-                      plan: list[lg.Planned], tl: Timeline, out: Path, admission: Path | None = None) -> dict[str, Any]:
+                      plan: list[lg.Planned], tl: Timeline, out: Path, callbacks: Path | None = None) -> dict[str, Any]:
     rundir = out / name
     rundir.mkdir(parents=True, exist_ok=True)
     flush_redis()
     procs = {r["served"]: start_standin(r, rundir / f"{r['served']}.log") for r in replicas}
-    gateway = start_gateway(cfg, workers, rundir, admission)
+    gateway = start_gateway(cfg, workers, rundir, callbacks)
     events: dict[str, Any] = {}
     try:
         for r in replicas:
@@ -514,9 +505,9 @@ def main() -> int:
     args = parser.parse_args()
     tl = timeline(0.4 if args.quick else 1.0)
     args.out.mkdir(parents=True, exist_ok=True)
-    admission = args.out / "labctl_admission.py"
+    callbacks = args.out / "callbacks"
     args.out.mkdir(parents=True, exist_ok=True)
-    project = project_config(args.inventory, admission)
+    project = project_config(args.inventory, callbacks)
     replicas = replicas_of(project)
     public = project["model_list"][0]["model_name"]
     batch = next((d["model_name"] for d in project["model_list"] if d["model_name"] != public), public)
@@ -534,7 +525,7 @@ def main() -> int:
         for name in args.settings.split(","):
             cfg, workers, target = setups[name]
             run = asyncio.run(run_setting(name, cfg, workers, target, replicas, plan, tl, args.out,
-                                          admission if name == "project" else None))
+                                          callbacks if name == "project" else None))
             run["summary"] = analyse(run, tl, replicas)
             run["scale"], run["seed"] = SCALE, args.seed
             summaries[name] = run["summary"]

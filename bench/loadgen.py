@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -17,7 +16,7 @@ from typing import Any
 try:  # the schedule (and its unit tests) needs no HTTP client; playing it does (build/bench-venv)
     import aiohttp
 except ModuleNotFoundError:  # pragma: no cover - the project venv has no aiohttp
-    aiohttp = None  # type: ignore[assignment]
+    aiohttp = None
 from gatewaymetrics import gateway_row, parse_metrics
 
 
@@ -241,7 +240,7 @@ def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(round(q * (len(ordered) - 1)))))]
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def failures(results: Iterable[Result], keep: Callable[[Result], bool] = lambda r: True) -> list[Result]:

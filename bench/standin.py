@@ -273,7 +273,7 @@ class Server:
             with contextlib.suppress(asyncio.CancelledError):
                 first = await watcher
                 if first:  # the client's next request began as this one ended: give its byte back
-                    reader._buffer[0:0] = first  # type: ignore[attr-defined]  # noqa: SLF001
+                    reader._buffer[0:0] = first  # type: ignore[attr-defined]
                 else:
                     raise Disconnected
 

@@ -5,31 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import jinja2
 from ansible.errors import AnsibleFilterError
 
-
-def _topology_module() -> Any:
-    """src/labctl/topology.py, loaded by path (stdlib only; shared with labctl)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    name = "labctl_topology_shared"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[1] / "src" / "labctl" / "topology.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:  # pragma: no cover
-            raise AnsibleFilterError(f"cannot load {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+from labctl import topology as topo
 
 
 def labctl_topology(groups: Any, hostvars: Any, gpu_source: str = "facts", bundle_packages: Any = None) -> dict[str, Any]:
     """The lab's topology (src/labctl/topology.py) from the inventory's groups and every host's
     variables and facts."""
-    topo = _topology_module()
     plain_groups = {str(k): list(v) for k, v in dict(groups).items()}
     names = set()
     for group in (topo.GPU_GROUP, topo.GATEWAY_GROUP, topo.MONITORING_GROUP, topo.LAB_GROUP):
@@ -38,8 +22,18 @@ def labctl_topology(groups: Any, hostvars: Any, gpu_source: str = "facts", bundl
     facts: dict[str, dict[str, Any]] = {}
     for host in sorted(names):
         hv = hostvars[host]
-        given[host] = {n: hv[n] for n in topo.INPUT_VARIABLES if n in hv and hv[n] is not None}
-        af = hv["ansible_facts"] if "ansible_facts" in hv else {}
+        given[host] = {}
+        for name in topo.INPUT_VARIABLES:
+            if name not in hv:
+                continue
+            value = hv[name]
+            # A value only checked here (labctl.topology_checks) that refers to its role's defaults
+            # ("{{ prometheus_port }}") is undefined outside the role: the role resolves it, the rule leaves it.
+            if isinstance(value, jinja2.Undefined) and name not in topo.SETTING_VARIABLES:
+                continue
+            if value is not None:
+                given[host][name] = value
+        af = hv.get("ansible_facts", {})
         facts[host] = {n: af[n] for n in topo.INPUT_FACTS if n in af}
     try:
         return topo.lab_topology(plain_groups, given, facts, gpu_source=str(gpu_source),

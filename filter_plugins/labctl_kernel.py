@@ -116,7 +116,7 @@ def labctl_boot_module_problem(kernels: dict[str, Any], version: str, module: st
     """Why the kernel the host boots next would come up without the NVIDIA driver ``version``
     (upstream, e.g. 580.95.05), or "" when its module is there at that version."""
     boot = kernels["boot"]
-    entry = next((k for k in kernels.get("kernels", []) if k["release"] == boot), {})
+    entry: dict[str, Any] = next((k for k in kernels.get("kernels", []) if k["release"] == boot), {})
     want = _upstream(version)
     if entry.get("module") and entry.get("module_version") == want:
         return ""
@@ -186,7 +186,7 @@ def labctl_kernel_bundle_note(kernels: dict[str, Any], bundle: dict[str, str]) -
     """What preflight reports when the running kernel has no headers anywhere but the bundle brings a
     newer kernel of the host's flavour with them (site.yml installs it first and boots into it)."""
     running = kernels["running"]
-    entry = next((k for k in kernels.get("kernels", []) if k["release"] == running), {})
+    entry: dict[str, Any] = next((k for k in kernels.get("kernels", []) if k["release"] == running), {})
     if entry.get("headers") or f"linux-headers-{running}" in bundle:
         return ""
     image_metas: dict[str, str] = kernels.get("image_metas", {})

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Documentation stub of the labctl_directories action plugin (action_plugins/labctl_directories.py)."""
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Say, in one call and without changing anything, whether files and directories already are as wanted."""
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: read the NVIDIA GPUs of a host with nvidia-smi and set them as facts."""
 
 from __future__ import annotations
@@ -136,6 +135,7 @@ ansible_facts:
 
 import os
 import re
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -191,38 +191,38 @@ class ParseError(ValueError):
     """nvidia-smi said something this module cannot read."""
 
 
-def _value(text):
+def _value(text: str) -> str | None:
     """A CSV cell, or None when nvidia-smi marks it unavailable."""
     text = text.strip()
     return None if text in UNAVAILABLE else text
 
 
-def _integer(text, what, line):
+def _integer(text: str, what: str, line: str) -> int | None:
     value = _value(text)
     if value is None:
         return None
     try:
         return int(value)
     except ValueError:
-        raise ParseError("nvidia-smi gave a non-integer %s %r in line: %r" % (what, value, line))
+        raise ParseError("nvidia-smi gave a non-integer %s %r in line: %r" % (what, value, line)) from None
 
 
-def _number(text, what, line):
+def _number(text: str, what: str, line: str) -> float | None:
     value = _value(text)
     if value is None:
         return None
     try:
         return float(value)
     except ValueError:
-        raise ParseError("nvidia-smi gave a non-numeric %s %r in line: %r" % (what, value, line))
+        raise ParseError("nvidia-smi gave a non-numeric %s %r in line: %r" % (what, value, line)) from None
 
 
-def parse_query_output(text):
+def parse_query_output(text: str) -> list[dict[str, Any]]:
     """The GPUs in `nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv,noheader,nounits` output.
 
     Raises ParseError, quoting the line, for anything that is not one row per GPU.
     """
-    gpus = []
+    gpus: list[dict[str, Any]] = []
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -232,7 +232,7 @@ def parse_query_output(text):
                 "nvidia-smi gave %d fields where %d were asked for (%s) in line: %r"
                 % (len(cells), len(QUERY_FIELDS), ",".join(QUERY_FIELDS), line)
             )
-        row = dict(zip(QUERY_FIELDS, cells))
+        row = dict(zip(QUERY_FIELDS, cells, strict=True))
         index = _integer(row["index"], "index", line)
         if index is None:
             raise ParseError("nvidia-smi gave no GPU index in line: %r" % (line,))
@@ -256,10 +256,10 @@ def parse_query_output(text):
     return gpus
 
 
-def _fabric_states(q_text):
+def _fabric_states(q_text: str) -> list[str]:
     """The State values of every Fabric section in `nvidia-smi -q` text."""
-    states = []
-    fabric_indent = None
+    states: list[str] = []
+    fabric_indent: int | None = None
     for line in q_text.splitlines():
         if not line.strip():
             continue
@@ -276,7 +276,7 @@ def _fabric_states(q_text):
     return states
 
 
-def parse_nvswitch(q_text, lspci_text):
+def parse_nvswitch(q_text: str | None, lspci_text: str | None) -> bool:
     """Whether the host has NVSwitches: a Fabric state in `nvidia-smi -q`, or a Bridge in lspci.
 
     Fabric states `Not Started`/`In Progress` count too: that is an NVSwitch board whose fabric
@@ -285,16 +285,13 @@ def parse_nvswitch(q_text, lspci_text):
     for state in _fabric_states(q_text or ""):
         if state not in NO_FABRIC_STATES:
             return True
-    for line in (lspci_text or "").splitlines():
-        if _LSPCI_BRIDGE.match(line.strip()):
-            return True
-    return False
+    return any(_LSPCI_BRIDGE.match(line.strip()) for line in (lspci_text or "").splitlines())
 
 
-def pci_devices(sysfs_root):
+def pci_devices(sysfs_root: str) -> list[tuple[str, str, str]]:
     """(address, class, device) of every NVIDIA PCI function in sysfs; [] when unreadable."""
     base = os.path.join(sysfs_root, "bus", "pci", "devices")
-    found = []
+    found: list[tuple[str, str, str]] = []
     try:
         names = sorted(os.listdir(base))
     except OSError:
@@ -315,14 +312,14 @@ def pci_devices(sysfs_root):
     return found
 
 
-def pci_summary(devices):
+def pci_summary(devices: list[tuple[str, str, str]]) -> tuple[bool, int]:
     """(NVSwitch present, GPU count) from pci_devices()."""
     nvswitch = any(pci_class.startswith(NVSWITCH_CLASS) for _name, pci_class, _device in devices)
     gpus = sum(1 for _name, pci_class, _device in devices if pci_class[:6] in GPU_CLASSES)
     return nvswitch, gpus
 
 
-def sysfs_address(bus_id):
+def sysfs_address(bus_id: str | None) -> str | None:
     """nvidia-smi's bus id ('00000000:9A:00.0', 8-digit domain) -> sysfs's name ('0000:9a:00.0');
     None for a value that is no PCI address."""
     match = _BUS_ID.match((bus_id or "").strip())
@@ -332,7 +329,7 @@ def sysfs_address(bus_id):
     return "%04x:%s" % (int(domain, 16), rest.lower())
 
 
-def _read(path):
+def _read(path: str) -> str | None:
     try:
         with open(path) as handle:
             return handle.read().strip()
@@ -340,7 +337,7 @@ def _read(path):
         return None
 
 
-def numa_node(sysfs_root, address):
+def numa_node(sysfs_root: str, address: str | None) -> int:
     """The NUMA node of one PCI function: sysfs's numa_node, -1 when it says none or is missing."""
     text = _read(os.path.join(sysfs_root, "bus", "pci", "devices", address, "numa_node")) if address else None
     try:
@@ -349,14 +346,14 @@ def numa_node(sysfs_root, address):
         return -1
 
 
-def node_cpus(sysfs_root):
+def node_cpus(sysfs_root: str) -> dict[str, str]:
     """{"0": "0-55,112-167", ...}: the cpulist of every node<N> directory; {} without NUMA in sysfs."""
     base = os.path.join(sysfs_root, "devices", "system", "node")
     try:
         names = os.listdir(base)
     except OSError:
         return {}
-    found = {}
+    found: dict[str, str] = {}
     for name in names:
         match = _NODE_DIR.match(name)
         if match:
@@ -366,13 +363,15 @@ def node_cpus(sysfs_root):
     return dict(sorted(found.items(), key=lambda item: int(item[0])))
 
 
-def gpu_numa_nodes(sysfs_root, gpus, devices):
+def gpu_numa_nodes(
+    sysfs_root: str, gpus: list[dict[str, Any]], devices: list[tuple[str, str, str]]
+) -> tuple[list[int], bool]:
     """The NUMA node of each GPU in PCI bus order (CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID),
     and whether nvidia-smi's index order is that order too. From nvidia-smi's GPUs when there are
     any, else from the NVIDIA GPUs on the PCI bus (pci_devices())."""
     if gpus:
         addresses = [sysfs_address(gpu["pci_bus_id"]) for gpu in gpus]
-        ordered = sorted(addresses, key=lambda a: (a is None, a or ""))
+        ordered: list[str | None] = sorted(addresses, key=lambda a: (a is None, a or ""))
         same_order = addresses == ordered
     else:
         ordered = [name for name, pci_class, _device in devices if pci_class[:6] in GPU_CLASSES]
@@ -380,14 +379,15 @@ def gpu_numa_nodes(sysfs_root, gpus, devices):
     return [numa_node(sysfs_root, address) for address in ordered], same_order
 
 
-def driver_branch(version):
+def driver_branch(version: str | None) -> str:
     """'580.95.05' -> '580'; '' for no version."""
     if not version:
         return ""
     return version.split(".", 1)[0]
 
 
-def _facts(gpus, reason, nvswitch=False, pci_count=0, numa_nodes=None, numa_cpus=None):
+def _facts(gpus: list[dict[str, Any]], reason: str, nvswitch: bool = False, pci_count: int = 0,
+           numa_nodes: list[int] | None = None, numa_cpus: dict[str, str] | None = None) -> dict[str, Any]:
     version = ""
     for gpu in gpus:
         if gpu["driver_version"]:
@@ -406,7 +406,7 @@ def _facts(gpus, reason, nvswitch=False, pci_count=0, numa_nodes=None, numa_cpus
     }
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "nvidia_smi": {"type": "path"},
@@ -432,7 +432,7 @@ def main():
             lspci_out = l_out if l_rc == 0 else ""
     bus_nvswitch = detect and (pci_nvswitch or parse_nvswitch("", lspci_out))
 
-    def done(gpus, reason, nvswitch=bus_nvswitch):
+    def done(gpus: list[dict[str, Any]], reason: str, nvswitch: bool = bus_nvswitch) -> None:
         numa_nodes, same_order = gpu_numa_nodes(sysfs_root, gpus, devices)
         if not same_order:
             module.warn("nvidia-smi numbers the GPUs in another order than their PCI bus ids (%s): CUDA under "

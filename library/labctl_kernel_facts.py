@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: the kernels of a host, the one it boots next, their headers and NVIDIA modules."""
 
 from __future__ import annotations
@@ -81,6 +80,7 @@ nvidia_server_packages:
 import glob
 import os
 import re
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -91,19 +91,19 @@ _RELEASE_IN_NAME = re.compile(r"^linux-(image|headers)-(unsigned-)?\d")
 _SERVER_PACKAGE = re.compile(r"nvidia.*-\d+-server(-open)?(-\d[\d.]*)?$")
 
 
-def version_key(release):
+def version_key(release: str) -> list[tuple[int, int, str]]:
     """Sort key of a kernel release, as `sort -V` (GRUB's version_sort): 6.1.0-9 before 6.1.0-50."""
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", release) if part]
 
 
-def headers_meta(image_meta):
+def headers_meta(image_meta: str) -> str:
     """The headers metapackage of a kernel image metapackage (Debian and Ubuntu name them alike)."""
     return "linux-headers-" + image_meta[len("linux-image-"):]
 
 
-def parse_dpkg(text):
+def parse_dpkg(text: str) -> dict[str, str]:
     """{name: version} of the installed packages in `dpkg-query -W -f '${db:Status-Status} ${Package} ${Version}\\n'`."""
-    installed = {}
+    installed: dict[str, str] = {}
     for line in text.splitlines():
         fields = line.split()
         if len(fields) == 3 and fields[0] == "installed":
@@ -111,20 +111,20 @@ def parse_dpkg(text):
     return installed
 
 
-def metas(installed):
+def metas(installed: dict[str, str]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     """(image metas {name: version}, {image meta: headers meta}, installed headers metas {name: version})."""
     images = {n: v for n, v in installed.items() if n.startswith("linux-image-") and not _RELEASE_IN_NAME.match(n)}
     heads = {n: v for n, v in installed.items() if n.startswith("linux-headers-") and not _RELEASE_IN_NAME.match(n)}
     return images, {n: headers_meta(n) for n in images}, heads
 
 
-def server_packages(installed):
+def server_packages(installed: dict[str, str]) -> list[str]:
     return sorted(n for n in installed if _SERVER_PACKAGE.search(n))
 
 
-def parse_modinfo(text):
+def parse_modinfo(text: str) -> dict[str, str]:
     """{field: value} of `modinfo` output (the first value of a field that repeats)."""
-    fields = {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
         if ":" not in line or line.startswith(("\t", " ")):
             continue
@@ -133,7 +133,7 @@ def parse_modinfo(text):
     return fields
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "release_file": {"type": "path", "default": "/proc/sys/kernel/osrelease"},
@@ -156,9 +156,9 @@ def main():
     boot = max(images, key=version_key) if images else running
 
     modinfo = module.get_bin_path("modinfo", opt_dirs=["/sbin", "/usr/sbin"])
-    kernels = []
+    kernels: list[dict[str, Any]] = []
     for release in releases:
-        entry = {
+        entry: dict[str, Any] = {
             "release": release,
             "installed": release in images,
             "headers": os.path.exists(os.path.join(params["modules_dir"], release, "build", "include")),
@@ -173,7 +173,7 @@ def main():
                              module_signer=fields.get("signer", ""))
         kernels.append(entry)
 
-    installed = {}
+    installed: dict[str, str] = {}
     dpkg_query = module.get_bin_path("dpkg-query")
     if dpkg_query:
         rc, out, err = module.run_command([

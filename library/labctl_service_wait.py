@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: wait until a systemd service answers over HTTP; fail early if it dies."""
 
 from __future__ import annotations
@@ -77,11 +76,12 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
 
-def unit_state(unit):
+def unit_state(unit: str) -> tuple[str, int, int]:
     out = subprocess.run(
         ["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", "-p", "MainPID", unit],
         capture_output=True, text=True, check=False,
@@ -90,7 +90,7 @@ def unit_state(unit):
     return props.get("ActiveState", "unknown"), int(props.get("NRestarts") or 0), int(props.get("MainPID") or 0)
 
 
-def journal(unit):
+def journal(unit: str) -> tuple[list[str], list[str]]:
     """The errors of the unit's recent log (the root cause is rarely the last line), then its end."""
     lines = subprocess.run(
         ["journalctl", "-u", unit, "-n", "400", "--no-pager", "-o", "cat"], capture_output=True, text=True, check=False
@@ -100,14 +100,14 @@ def journal(unit):
     return errors, lines[-8:]
 
 
-def get(url, timeout, context=None, api_key=None):
+def get(url: str, timeout: float, context: ssl.SSLContext | None = None, api_key: str | None = None) -> tuple[int, bytes]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     request = urllib.request.Request(url, headers=headers)
-    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:  # noqa: S310 (the service's own URL)
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
         return response.status, response.read()
 
 
-def probe(params, context=None):
+def probe(params: dict[str, Any], context: ssl.SSLContext | None = None) -> str | None:
     """None when healthy, else what is missing."""
     for path in params["paths"]:
         status, _ = get(params["url"] + path, 10, context)
@@ -121,7 +121,7 @@ def probe(params, context=None):
     return None
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "unit": {"type": "str", "required": True},

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Documentation stub of the labctl_template action plugin (action_plugins/labctl_template.py)."""
 
 from __future__ import annotations

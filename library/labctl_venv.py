@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: a virtualenv from a bundle wheel-set lock, named after the lock's hash."""
 
 from __future__ import annotations
@@ -78,14 +77,14 @@ from ansible.module_utils.basic import AnsibleModule
 MARK = "labctl-lock.txt"
 
 
-def run(module, argv, what):
+def run(module: AnsibleModule, argv: list[str], what: str) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
         module.fail_json(msg=f"{what} failed (exit {proc.returncode}): " + " | ".join(tail), cmd=argv)
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "lock": {"type": "path", "required": True},

@@ -20,7 +20,6 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import forensics  # noqa: E402
 
-
 EXTENDED = os.environ.get("LABCTL_TEST_EXTENDED") == "1"
 
 

@@ -125,7 +125,8 @@ def main() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     src, total = source()
     cold = drop_caches()
-    log(f"{FILES} x {SIZE} = {total / 2**30:.2f} GiB in {src}; page cache {'dropped before each run' if cold else 'cannot be dropped here: warm-cache figures (second of two runs)'}")
+    cache = "dropped before each run" if cold else "cannot be dropped here: warm-cache figures (second of two runs)"
+    log(f"{FILES} x {SIZE} = {total / 2**30:.2f} GiB in {src}; page cache {cache}")
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(dir=WORK) as tmpdir:
         tmp = Path(tmpdir)

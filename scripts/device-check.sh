@@ -120,13 +120,9 @@ run_checks() {
 
   local smi fields
   smi=$(command -v nvidia-smi || true)
-  # The module's own field list, so the raw query is exactly what labctl_gpu_facts asks.
-  fields=$(PYTHONPATH="$site" "$py" -c '
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("labctl_gpu_facts", "library/labctl_gpu_facts.py")
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-print(",".join(module.QUERY_FIELDS))')
+  # The module's own field list, so the raw query is exactly what labctl_gpu_facts asks (the module
+  # imported from library/, which PYTHONPATH names, beside the ansible-core it imports).
+  fields=$(PYTHONPATH="$site:$REPO/library" "$py" -c 'import labctl_gpu_facts; print(",".join(labctl_gpu_facts.QUERY_FIELDS))')
 
   local raw tree
   raw=$(mktemp -d "$site/raw.XXXXXX")
@@ -179,18 +175,16 @@ print(",".join(module.QUERY_FIELDS))')
   systemctl cat nvidia-persistenced.service >"$raw/persistenced-unit.txt" 2>&1 || true
 
   # Name the case, write the files, judge. Python for the JSON; the parser is the module's own.
-  PYTHONPATH="$site" "$py" - "$raw" "$out" "$fields" "$EXTRA_FIELDS" "$expect_branch" "$expect_gpus" <<'PY'
-import importlib.util
+  PYTHONPATH="$site:$REPO/library" "$py" - "$raw" "$out" "$fields" "$EXTRA_FIELDS" "$expect_branch" "$expect_gpus" <<'PY'
 import json
 import os
 import re
 import shutil
 import sys
 
+import labctl_gpu_facts
+
 raw, out, fields, extra, expect_branch, expect_gpus = sys.argv[1:7]
-spec = importlib.util.spec_from_file_location("labctl_gpu_facts", "library/labctl_gpu_facts.py")
-labctl_gpu_facts = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(labctl_gpu_facts)
 
 
 def read(name):

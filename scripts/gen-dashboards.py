@@ -218,8 +218,8 @@ VLLM = Dashboard(
             Panel("Prefix-cache hit rate", "Share of the queried prompt tokens served from the prefix cache. High "
                   "for chat with long shared system prompts; low rates make prefill (and TTFT) expensive.",
                   "percentunit",
-                  ((f"sum by (host, replica) (rate(vllm:prefix_cache_hits_total{{{V}}}[$__rate_interval])) / "
-                    f"sum by (host, replica) (rate(vllm:prefix_cache_queries_total{{{V}}}[$__rate_interval]))",
+                  (((f"sum by (host, replica) (rate(vllm:prefix_cache_hits_total{{{V}}}[$__rate_interval])) / "
+                     f"sum by (host, replica) (rate(vllm:prefix_cache_queries_total{{{V}}}[$__rate_interval]))"),
                     PER_REPLICA),), min=0, max=1),
             Panel("Preemptions per second", "Sequences evicted from the batch because the KV-cache ran out; they are "
                   "recomputed later. Anything above 0 for long: the replica is memory bound (see KV-cache usage).",
@@ -288,8 +288,8 @@ GATEWAY = Dashboard(
                   type="stat", thresholds=OK),
             Panel("Failed share (5 min)", "Share of the client requests that did not get a success answer over the "
                   "last 5 minutes. Above 0.05 for 5 minutes the lab alerts.", "percentunit",
-                  ((f"(sum(rate(litellm_proxy_failed_requests_metric_total{{{L}}}[5m])) or vector(0)) / "
-                    f"sum(rate(litellm_proxy_total_requests_metric_total{{{L}}}[5m]))", "failed"),),
+                  (((f"(sum(rate(litellm_proxy_failed_requests_metric_total{{{L}}}[5m])) or vector(0)) / "
+                     f"sum(rate(litellm_proxy_total_requests_metric_total{{{L}}}[5m]))"), "failed"),),
                   type="stat", min=0, max=1, thresholds=FAILURE_SHARE),
             Panel("Requests queued in the proxy", "Requests waiting for admission in the proxy's workers (admission "
                   "control: the queue is in the proxy). Long above 0: the replicas are full; clients wait, up to "
@@ -301,20 +301,20 @@ GATEWAY = Dashboard(
             Panel("Proxy requests and failures", "Client requests per second by HTTP status, and failed ones by the "
                   "error the client saw. 429/503 from the proxy: admission or a deployment's parallel-request "
                   "guard; 5xx from a replica: look at the vLLM dashboard.", "reqps",
-                  ((f"sum by (status_code) (rate(litellm_proxy_total_requests_metric_total{{{L}}}"
-                    "[$__rate_interval]))", "{{status_code}}"),
-                   (f"sum by (exception_status, exception_class) (rate(litellm_proxy_failed_requests_metric_total"
-                    f"{{{L}}}[$__rate_interval]))", "failed {{exception_status}} {{exception_class}}")),
+                  (((f"sum by (status_code) (rate(litellm_proxy_total_requests_metric_total{{{L}}}"
+                     "[$__rate_interval]))"), "{{status_code}}"),
+                   ((f"sum by (exception_status, exception_class) (rate(litellm_proxy_failed_requests_metric_total"
+                     f"{{{L}}}[$__rate_interval]))"), "failed {{exception_status}} {{exception_class}}")),
                   min=0),
             Panel("Requests by deployment", "LLM API calls per second to each replica (api_base): all, successful "
                   "and failed. Retries on the other replica count as calls, so the sum can exceed the client "
                   "requests. Uneven totals: a replica was cooled down or is slower.", "reqps",
                   ((f"sum by (api_base) (rate(litellm_deployment_total_requests_total{{{L}}}[$__rate_interval]))",
                     "{{api_base}} all"),
-                   (f"sum by (api_base) (rate(litellm_deployment_success_responses_total{{{L}}}"
-                    "[$__rate_interval]))", "{{api_base}} ok"),
-                   (f"sum by (api_base, exception_status) (rate(litellm_deployment_failure_responses_total"
-                    f"{{{L}}}[$__rate_interval]))", "{{api_base}} failed {{exception_status}}")),
+                   ((f"sum by (api_base) (rate(litellm_deployment_success_responses_total{{{L}}}"
+                     "[$__rate_interval]))"), "{{api_base}} ok"),
+                   ((f"sum by (api_base, exception_status) (rate(litellm_deployment_failure_responses_total"
+                     f"{{{L}}}[$__rate_interval]))"), "{{api_base}} failed {{exception_status}}")),
                   min=0),
             Panel("Tokens through the gateway", "Prompt and completion tokens per second as LiteLLM counts them from "
                   "the replicas' usage. Should match the vLLM dashboard's token rates.", "suffix: tok/s",
@@ -338,8 +338,8 @@ GATEWAY = Dashboard(
             Panel("Cooldowns (last 5 min)", "Times the router took a deployment out of rotation, by the error that "
                   "caused it. With admission control in the proxy this should stay at 0; cooldowns mean a replica "
                   "failed or was restarted.", "none",
-                  ((f"sum by (model_id, api_base, exception_status) (increase(litellm_deployment_cooled_down_total"
-                    f"{{{L}}}[5m]))", "{{model_id}} {{exception_status}}"),), min=0, thresholds=ANY_IS_BAD),
+                  (((f"sum by (model_id, api_base, exception_status) (increase(litellm_deployment_cooled_down_total"
+                     f"{{{L}}}[5m]))"), "{{model_id}} {{exception_status}}"),), min=0, thresholds=ANY_IS_BAD),
             Panel("Admitted and queued requests", "Requests in flight through the proxy (admitted) and waiting "
                   "for admission (queued), all workers. Admitted stays near the limit under load; a growing queue "
                   "means the replicas cannot keep up.", "none",

@@ -81,7 +81,7 @@ def chunks(block: bytes, seed: int, file_index: int, length: int) -> Iterator[me
     while length > 0:
         key = hashlib.sha256(f"{seed}:{file_index}:{chunk_index}".encode()).digest()
         offset = _rng(seed, file_index, chunk_index).randrange(len(block))
-        rotated = [key, view[offset:], view[:offset]]
+        rotated: list[memoryview | bytes] = [key, view[offset:], view[:offset]]
         for part in rotated:
             piece = part[: max(0, length)]
             if len(piece):

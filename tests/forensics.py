@@ -70,7 +70,7 @@ def collect(hosts: Iterable[str], out_dir: Path, run: Runner = _run) -> dict[str
         where = out_dir / host
         where.mkdir(parents=True, exist_ok=True)
 
-        def sh(name: str, command: str) -> str:
+        def sh(name: str, command: str, host: str = host, where: Path = where) -> str:
             rc, text = run(["docker", "exec", host, "sh", "-c", command])
             (where / f"{name}.txt").write_text(text if rc == 0 else f"(exit {rc})\n{text}")
             return text if rc == 0 else ""
@@ -99,8 +99,8 @@ def collect(hosts: Iterable[str], out_dir: Path, run: Runner = _run) -> dict[str
 
 def summary(result: dict[str, dict[str, Any]], out_dir: Path, lines: int = 40) -> list[str]:
     """The first lines for the CI log: where the files are, then per host what failed."""
-    text = [f"forensics of the failed verify saved under {out_dir} (per host: systemctl-failed, site-units, "
-            "journal-<unit>, addresses, load, prometheus-targets)"]
+    text = [(f"forensics of the failed verify saved under {out_dir} (per host: systemctl-failed, site-units, "
+             "journal-<unit>, addresses, load, prometheus-targets)")]
     for host, found in result.items():
         if not found["reached"]:
             text.append(f"{host}: not reachable through docker exec (stopped or removed?)")

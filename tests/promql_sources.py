@@ -43,7 +43,7 @@ _VARIABLE = re.compile(
     r"|\$(?P<plain>\w+)"
 )
 # label_values(<selector>, <label>): the selector part is PromQL.
-_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?P<selector>.+)\s*,\s*(?P<label>\w+)\s*\)\s*$", re.S)
+_LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?P<selector>.+)\s*,\s*(?P<label>\w+)\s*\)\s*$", re.DOTALL)
 
 
 class PromQLError(ValueError):

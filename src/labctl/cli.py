@@ -7,12 +7,14 @@ import typer
 from labctl import __version__
 from labctl.bundle.cli import app as bundle_app
 from labctl.gateway_config import gateway_config
+from labctl.helptext import HelpGroup
 from labctl.keys_cli import keys_app
 from labctl.plan_cli import plan_command
 from labctl.runs import cli as runs_cli
 
 app = typer.Typer(
     name="labctl",
+    cls=HelpGroup,  # reflows every command's help: docstrings' line breaks are not the screen's
     help="Build and verify offline bundles and drive the air-gapped lab playbooks.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -38,17 +38,14 @@ def mask_secrets(text: str) -> str:
     return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
 
 
-def render(inventory: Path, admission: dict[str, str] | None = None,
-           callbacks: dict[str, dict[str, str]] | None = None) -> tuple[dict[str, str], list[str]]:
+def render(inventory: Path, callbacks: dict[str, dict[str, str]] | None = None) -> tuple[dict[str, str], list[str]]:
     """Run the playbook; returns the config per gateway host and the failure messages (and fills
-    ``admission`` with each host's labctl_admission.py, ``callbacks`` with each host's callback
-    files by name, when given). The role hands them over with set_stats (roles/litellm/tasks/render.yml)."""
+    ``callbacks`` with each host's callback files by name, the plain Python callbacks and their
+    rendered settings, when given). The role hands them over with set_stats (roles/litellm/tasks/render.yml)."""
     result = run_playbook(repo_root() / PLAYBOOK, inventory)
     failures = list(result.failures)
     if result.status != "successful" and not failures:
         failures.append("ansible-playbook failed: " + " / ".join(result.output_tail.splitlines()[-10:]))
-    if admission is not None:
-        admission.update({str(h): str(v) for h, v in (result.data.get("labctl_admission") or {}).items()})
     if callbacks is not None:
         callbacks.update({str(h): {str(n): str(t) for n, t in files.items()}
                           for h, files in (result.data.get("labctl_callbacks") or {}).items()})
@@ -59,26 +56,29 @@ def render(inventory: Path, admission: dict[str, str] | None = None,
 def gateway_config(
     inventory: Annotated[Path, typer.Option("--inventory", "-i", help="Inventory directory or file.")],
     show_secrets: Annotated[bool, typer.Option("--show-secrets", help="Print literal secrets instead of a mask.")] = False,
-    admission_out: Annotated[
+    callbacks_out: Annotated[
         Path | None,
-        typer.Option("--admission-out", help="Also write the priority admission callback (labctl_admission.py) here."),
+        typer.Option("--callbacks-out", help="Also write the gateway's callbacks (labctl_*.py) and their settings "
+                     "(labctl_*.yaml) into this directory, as the role writes them beside config.yaml."),
     ] = None,
 ) -> None:
     """Print the LiteLLM config.yaml the litellm role would deploy for INVENTORY (contacts no host)."""
     if not inventory.exists():
         typer.echo(f"error: --inventory {inventory}: no such file or directory", err=True)
         raise typer.Exit(int(Exit.USAGE))
-    admission: dict[str, str] = {}
-    configs, failures = render(inventory, admission)
+    callbacks: dict[str, dict[str, str]] = {}
+    configs, failures = render(inventory, callbacks)
     if failures or not configs:
         for failure in failures or [f"no host in gateway_hosts of {inventory}"]:
             typer.echo(f"error: {failure}", err=True)
         raise typer.Exit(int(Exit.FAILED))
-    if admission_out is not None:
-        if not admission:
-            typer.echo("error: the admission callback was not rendered", err=True)
+    if callbacks_out is not None:
+        if not callbacks:
+            typer.echo("error: the callbacks were not rendered", err=True)
             raise typer.Exit(int(Exit.FAILED))
-        admission_out.write_text(admission[sorted(admission)[0]], encoding="utf-8")
+        callbacks_out.mkdir(parents=True, exist_ok=True)
+        for name, text in callbacks[min(callbacks)].items():
+            (callbacks_out / name).write_text(text, encoding="utf-8")
     for host, text in sorted(configs.items()):
         if len(configs) > 1:
             typer.echo(f"# --- gateway host {host}")

@@ -23,7 +23,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from datetime import datetime, time, timezone
+from datetime import UTC, datetime, time
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -33,7 +33,7 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 STORE_VERSION = 1
 
 
-class KeyError_(Exception):
+class KeyRefused(Exception):
     """A refused key operation; the message names the cause."""
 
 
@@ -82,16 +82,16 @@ def parse_expiry(text: str, now: datetime) -> str:
     """YYYY-MM-DD (valid to the end of that day, UTC) or an ISO date-time with a zone; in the future."""
     try:
         if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
-            when = datetime.combine(datetime.fromisoformat(text).date(), time(23, 59, 59), tzinfo=timezone.utc)
+            when = datetime.combine(datetime.fromisoformat(text).date(), time(23, 59, 59), tzinfo=UTC)
         else:
             when = datetime.fromisoformat(text)
     except ValueError as exc:
-        raise KeyError_(f"--expires {text}: not a date (YYYY-MM-DD) or an ISO date-time") from exc
+        raise KeyRefused(f"--expires {text}: not a date (YYYY-MM-DD) or an ISO date-time") from exc
     if when.tzinfo is None:
-        raise KeyError_(f"--expires {text}: a date-time needs its time zone (e.g. {text}+00:00)")
+        raise KeyRefused(f"--expires {text}: a date-time needs its time zone (e.g. {text}+00:00)")
     if when <= now:
-        raise KeyError_(f"--expires {text}: already past")
-    return when.astimezone(timezone.utc).isoformat()
+        raise KeyRefused(f"--expires {text}: already past")
+    return when.astimezone(UTC).isoformat()
 
 
 _P = ParamSpec("_P")
@@ -120,7 +120,7 @@ class KeyStore:
             data = json.loads(self.path.read_text(encoding="utf-8"))
             return [AppKey.from_record(item) for item in data["keys"]]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise KeyError_(f"{self.path}: not a labctl key store ({exc})") from exc
+            raise KeyRefused(f"{self.path}: not a labctl key store ({exc})") from exc
 
     def _private_dir(self) -> None:
         """The store's directory exists and is 0700, also when it existed looser (copied with cp -r)."""
@@ -130,7 +130,7 @@ class KeyStore:
             if stat.S_IMODE(folder.stat().st_mode) & 0o077:
                 os.chmod(folder, 0o700)
         except OSError as exc:
-            raise KeyError_(f"{folder}: cannot make the secrets directory private (0700): {exc}") from exc
+            raise KeyRefused(f"{folder}: cannot make the secrets directory private (0700): {exc}") from exc
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -164,17 +164,17 @@ class KeyStore:
             max_parallel: int | None = None, expires: str | None = None,
             now: datetime | None = None) -> tuple[AppKey, str]:
         """A new key: returns its record and the key (shown once, stored nowhere)."""
-        now = now or datetime.now(timezone.utc)
+        now = now or datetime.now(UTC)
         if not NAME.match(name):
-            raise KeyError_(f"key name {name!r}: lowercase letters, digits, '.', '_' and '-' (1-63, a letter or digit first)")
+            raise KeyRefused(f"key name {name!r}: lowercase letters, digits, '.', '_' and '-' (1-63, a letter or digit first)")
         if key_class not in CLASSES:
-            raise KeyError_(f"--class {key_class}: no such key class (one of {', '.join(CLASSES)})")
+            raise KeyRefused(f"--class {key_class}: no such key class (one of {', '.join(CLASSES)})")
         for label, value in (("--rpm", rpm), ("--tpm", tpm), ("--max-parallel", max_parallel)):
             if value is not None and value < 1:
-                raise KeyError_(f"{label} {value}: a limit is a positive number (leave it out for none)")
+                raise KeyRefused(f"{label} {value}: a limit is a positive number (leave it out for none)")
         keys = self.load()
         if any(k.name == name and k.status(now) != "revoked" for k in keys):
-            raise KeyError_(f"key {name} exists (revoke it first, or pick another name)")
+            raise KeyRefused(f"key {name} exists (revoke it first, or pick another name)")
         key = new_key()
         record = AppKey(name=name, key_class=key_class, sha256=hash_key(key), created=now.isoformat(), rpm=rpm, tpm=tpm,
                         max_parallel=max_parallel, expires=parse_expiry(expires, now) if expires else None)
@@ -183,12 +183,12 @@ class KeyStore:
 
     @_under_lock
     def revoke(self, name: str, now: datetime | None = None) -> AppKey:
-        now = now or datetime.now(timezone.utc)
+        now = now or datetime.now(UTC)
         keys = self.load()
         live = [k for k in keys if k.name == name and not k.revoked]
         if not live:
             known = sorted({k.name for k in keys if not k.revoked})
-            raise KeyError_(f"no key named {name} that is not revoked" + (f" (keys: {', '.join(known)})" if known else ""))
+            raise KeyRefused(f"no key named {name} that is not revoked" + (f" (keys: {', '.join(known)})" if known else ""))
         for record in live:
             record.revoked = now.isoformat()
         self.save(keys)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from labctl.ansible_run import run_playbook
-from labctl.keys import CLASSES, KeyError_, KeyStore
+from labctl.keys import CLASSES, KeyRefused, KeyStore
 from labctl.paths import repo_root
 from labctl.runs import cli as runs_cli
 from labctl.runs.exitcodes import Exit
@@ -92,7 +92,7 @@ def add(
     store = KeyStore(path)
     try:
         record, key = store.add(name, key_class, rpm=rpm, tpm=tpm, max_parallel=max_parallel, expires=expires)
-    except KeyError_ as exc:
+    except KeyRefused as exc:
         raise _fail(str(exc)) from exc
     typer.echo(f"key {record.name} ({record.key_class}) made; give it to the application now, it is not shown again:",
                err=True)
@@ -117,7 +117,7 @@ def revoke(
     store = KeyStore(locate(inventory)[0])
     try:
         store.revoke(name)
-    except KeyError_ as exc:
+    except KeyRefused as exc:
         raise _fail(str(exc)) from exc
     typer.echo(f"key {name} revoked in {store.path}", err=True)
     if no_push:
@@ -138,9 +138,9 @@ def list_keys(inventory: runs_cli.Inventory, json_output: runs_cli.JsonOut = Fal
     store = KeyStore(locate(inventory)[0])
     try:
         keys = store.load()
-    except KeyError_ as exc:
+    except KeyRefused as exc:
         raise _fail(str(exc), Exit.FAILED) from exc
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rows = [{"name": k.name, "class": k.key_class, "rpm": k.rpm, "tpm": k.tpm, "max_parallel": k.max_parallel,
              "expires": k.expires,
              "created": k.created, "revoked": k.revoked, "status": k.status(now)} for k in keys]

@@ -215,9 +215,9 @@ def _replica_warnings(mem: GpuMemory, settings: VllmSettings, request_tokens: in
             else "use tensor parallel (vllm_tensor_parallel_size): no utilization makes it fit"
         )
         return [
-            f"does not fit: weights {mem.weights_gib:.1f} GiB + overhead {mem.overhead_gib:.1f} GiB "
+            (f"does not fit: weights {mem.weights_gib:.1f} GiB + overhead {mem.overhead_gib:.1f} GiB "
             f"exceed the budget of {mem.budget_gib:.1f} GiB ({mem.memory_gib:.1f} GiB x "
-            f"{settings.gpu_memory_utilization:.2f}); {fix}"
+            f"{settings.gpu_memory_utilization:.2f}); {fix}")
         ]
     warnings = []
     if mem.kv_tokens < settings.max_model_len:

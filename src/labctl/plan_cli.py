@@ -14,7 +14,7 @@ import re
 import sys
 import textwrap
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -24,35 +24,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from labctl import topology
 from labctl.ansible_run import InventoryError, list_inventory, run_playbook
 from labctl.paths import repo_root
-from labctl.plan import (
-    DEFAULT_REQUEST_TOKENS,
-    Gpu,
-    HostPlan,
-    PlanError,
-    VllmSettings,
-    model_profile,
-    plan_host,
-)
+from labctl.plan import DEFAULT_REQUEST_TOKENS, Gpu, HostPlan
+from labctl.plan_hosts import HostReport, InputError, Overrides, plan_for_host
 
 GPU_GROUP = "gpu_hosts"
-DEFAULT_MODEL = "gpt-oss-120b"  # group_vars/all/project.yml lab_model_name
-# Inventory variable of each setting, as the vllm role reads it.
-SETTING_VARS = {
-    "gpu_memory_utilization": "vllm_gpu_memory_utilization",
-    "max_model_len": "vllm_max_model_len",
-    "max_num_seqs": "vllm_max_num_seqs",
-    "tensor_parallel_size": "vllm_tensor_parallel_size",
-    "replicas": "vllm_replicas",
-}
 # One host's result in `ansible -m MODULE` output: "gpu01 | SUCCESS => {...}".
 _ADHOC = re.compile(r"^(\S+) \| ([A-Z]+!?)(?: \| rc=\d+)? => ", re.MULTILINE)
-
-
-class InputError(Exception):
-    """Bad input (inventory, facts, variable, option); the message names it. Exit status 2."""
 
 
 # --- inventory ----------------------------------------------------------------------------------
@@ -83,34 +62,6 @@ def read_inventory(inventory: Path) -> dict[str, dict[str, Any]]:
         raise InputError(f"inventory {inventory} has no hosts in group {GPU_GROUP}")
     hostvars = data.get("_meta", {}).get("hostvars", {})
     return {host: dict(hostvars.get(host) or {}) for host in hosts}
-
-
-def _literal(host: str, name: str, value: Any, kind: type[int] | type[float], option: str) -> int | float:
-    if isinstance(value, str) and "{{" in value:
-        raise InputError(
-            f"{host}: {name} is a template ({value!r}) that labctl plan does not evaluate; give {option}"
-        )
-    if isinstance(value, bool):
-        raise InputError(f"{host}: {name} must be a number, not {value!r}")
-    try:
-        number = kind(value)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{host}: {name} must be a number, got {value!r}") from exc
-    if kind is int and number != float(value):
-        raise InputError(f"{host}: {name} must be a whole number, got {value!r}")
-    return number
-
-
-def host_setting(host: str, hostvars: dict[str, Any], name: str, kind: type[int] | type[float]) -> tuple[int | float, str]:
-    """A vLLM setting's value for ``host`` and where it came from, resolved as the topology
-    resolves it (labctl.topology.SETTINGS): the role variable the inventory sets, else the project
-    variable (lab_vllm_*, group_vars/all/project.yml, which every inventory links), else the
-    built-in default."""
-    option = "--" + name.removeprefix("vllm_").replace("_", "-")
-    key = next(k for k, (role, _, _) in topology.SETTINGS.items() if role == name)
-    value, var = topology.setting(hostvars, key)
-    origin = "inventory" if var in hostvars else "default"
-    return _literal(host, var, value, kind, option), origin
 
 
 # --- GPU facts ----------------------------------------------------------------------------------
@@ -207,76 +158,6 @@ def parse_gpu_option(text: str) -> Gpu:
 # --- the report ---------------------------------------------------------------------------------
 
 
-@dataclass
-class HostReport:
-    host: str
-    plan: HostPlan
-    origins: dict[str, str]
-    notes: list[str] = field(default_factory=list)
-
-    def warnings(self) -> list[str]:
-        """Host warnings, then each replica warning once with the replicas it concerns."""
-        by_text: dict[str, list[str]] = {}
-        for replica in self.plan.replicas:
-            for warning in replica.warnings:
-                by_text.setdefault(warning, []).append(str(replica.index))
-        return self.notes + list(self.plan.warnings) + [
-            f"{'replica' if len(ids) == 1 else 'replicas'} {', '.join(ids)}: {text}"
-            for text, ids in by_text.items()
-        ]
-
-
-@dataclass(frozen=True)
-class Overrides:
-    model: str | None
-    weights_gib: float | None
-    kv_bytes_per_token: int | None
-    overhead_gib: float | None
-    settings: dict[str, int | float | None]
-    request_tokens: int
-
-
-def plan_for_host(host: str, hostvars: dict[str, Any], gpus: list[Gpu], given: Overrides) -> HostReport:
-    values: dict[str, int | float] = {}
-    origins: dict[str, str] = {}
-    for key, var in SETTING_VARS.items():
-        kind: type[int] | type[float] = float if key == "gpu_memory_utilization" else int
-        option = given.settings.get(key)
-        if option is not None:
-            values[key], origins[key] = option, "option"
-        else:
-            values[key], origins[key] = host_setting(host, hostvars, var, kind)
-    name = given.model or hostvars.get("lab_model_name") or DEFAULT_MODEL
-    if not isinstance(name, str) or "{{" in name:
-        raise InputError(f"{host}: lab_model_name is {name!r}; give --model")
-    try:
-        model = model_profile(
-            name,
-            weights_gib=given.weights_gib,
-            kv_bytes_per_token=given.kv_bytes_per_token,
-            overhead_gib=given.overhead_gib,
-        )
-    except PlanError as exc:
-        origin = "--model" if given.model else "lab_model_name"
-        raise InputError(f"{host}: {origin}: {exc}") from exc
-    settings = VllmSettings(
-        gpu_memory_utilization=float(values["gpu_memory_utilization"]),
-        max_model_len=int(values["max_model_len"]),
-        max_num_seqs=int(values["max_num_seqs"]),
-        tensor_parallel_size=int(values["tensor_parallel_size"]),
-        replicas=int(values["replicas"]),
-    )
-    try:
-        plan = plan_host(gpus, model, settings, given.request_tokens)
-    except PlanError as exc:
-        raise InputError(f"{host}: {exc}") from exc
-    report = HostReport(host, plan, origins)
-    expected = hostvars.get("lab_expected_gpu_count")
-    if isinstance(expected, int) and expected > 0 and expected != len(gpus):
-        report.notes.append(f"lab_expected_gpu_count is {expected}, the GPU facts show {len(gpus)} GPUs")
-    return report
-
-
 def to_json(inventory: Path, source: str, reports: list[HostReport]) -> dict[str, Any]:
     hosts = []
     for report in reports:
@@ -349,13 +230,13 @@ def _header(report: HostReport) -> list[str]:
     context = f", context {model.max_context:,}" if model.max_context else ""
     return [
         f"{report.host}: {', '.join(sizes)}",
-        f"model {model.name}: weights {model.weights_gib:.1f} GiB, overhead {model.overhead_gib:.1f} GiB "
-        f"per GPU, KV {model.kv_bytes_per_token:,} bytes per token{context} ({model.source})",
-        f"settings: gpu_memory_utilization {s.gpu_memory_utilization:.2f}, max_model_len "
+        (f"model {model.name}: weights {model.weights_gib:.1f} GiB, overhead {model.overhead_gib:.1f} GiB "
+        f"per GPU, KV {model.kv_bytes_per_token:,} bytes per token{context} ({model.source})"),
+        (f"settings: gpu_memory_utilization {s.gpu_memory_utilization:.2f}, max_model_len "
         f"{s.max_model_len:,}, max_num_seqs {s.max_num_seqs}, tensor_parallel_size "
-        f"{s.tensor_parallel_size}, replicas {s.replicas or 'auto'} -> {len(plan.replicas)}",
-        f"(budget to KV cache: GiB per GPU; KV tokens: per replica; max-len seqs: KV tokens / "
-        f"max_model_len; requests: KV tokens / {plan.request_tokens:,} tokens per request)",
+        f"{s.tensor_parallel_size}, replicas {s.replicas or 'auto'} -> {len(plan.replicas)}"),
+        (f"(budget to KV cache: GiB per GPU; KV tokens: per replica; max-len seqs: KV tokens / "
+        f"max_model_len; requests: KV tokens / {plan.request_tokens:,} tokens per request)"),
     ]
 
 
@@ -373,7 +254,7 @@ def render_plain(reports: list[HostReport], width: int = 100) -> str:
         rows = [_COLUMNS, *_rows(report.plan)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
         for row in rows:
-            lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(row, widths)).rstrip())
+            lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         lines += textwrap.wrap(head[3], width, initial_indent="  ", subsequent_indent="  ")
         warnings = report.warnings()
         lines.append("warnings: none" if not warnings else "warnings:")

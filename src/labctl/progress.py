@@ -21,6 +21,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from labctl.module_utils.progress import human_bytes
+
 Advance = Callable[[int], None]
 
 
@@ -34,14 +36,6 @@ class Reporter(Protocol):
     ) -> AbstractContextManager[Advance]:
         """A step with a known (or unknown: None) total; yields ``advance(n)``."""
         ...
-
-
-def human_size(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 class PlainReporter:
@@ -66,7 +60,7 @@ class PlainReporter:
             done += amount
 
         yield advance
-        amount = human_size(done) if unit == "bytes" else f"{done} {unit}"
+        amount = human_bytes(done) if unit == "bytes" else f"{done} {unit}"
         self._console.print(f"{description}: {amount} in {time.monotonic() - started:.1f}s")
 
 

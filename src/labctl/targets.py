@@ -38,6 +38,25 @@ SUPPORTED: dict[tuple[str, str], OsRelease] = {
     ),
 }
 
+# The full version of each python3.X the release ships (its package's upstream version; jammy's
+# python3.11 from jammy-updates). pip judges a requirement's python_full_version marker by the
+# interpreter pip runs on, not by --python-version: the wheel locker re-checks them with these.
+PYTHON_FULL: dict[tuple[str, str, str], str] = {
+    ("ubuntu", "24.04", "3.12"): "3.12.3",
+    ("ubuntu", "22.04", "3.10"): "3.10.12",
+    ("ubuntu", "22.04", "3.11"): "3.11.0",
+    ("debian", "12", "3.11"): "3.11.2",
+}
+
+
+def python_full_version(os: str, release: str, python: str) -> str:
+    """The full version of the target's pythonX.Y (``python``), for environment markers."""
+    try:
+        return PYTHON_FULL[(os, release, python)]
+    except KeyError:
+        raise UnsupportedTarget(f"{os} {release} ships no python{python} (it has {', '.join(os_release(os, release).pythons)})") from None
+
+
 # dpkg architecture -> the machine name in wheel platform tags
 _MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}
 # The legacy manylinux names (PEP 513, 571, 599) and the glibc each stands for (PEP 600).

@@ -3,18 +3,26 @@ Prometheus's scrape targets and the network flows between hosts.
 
 One function, ``lab_topology``, used by every side: the ``labctl_topology`` filter (the play in
 playbooks/topology.yml publishes its result as ``lab_topology`` to every host, and the roles take
-their inputs from it) and ``labctl plan``. Keep it **stdlib only** and compatible with Python 3.9:
-the filter loads it by path, outside the project's package.
+their inputs from it) and ``labctl plan``. Keep it **stdlib only** and compatible with Python 3.9.
+
+The topology is the only contract between roles: which host does what (``groups``: no role reads
+the inventory's groups), every port (PostgreSQL's and Redis's too) and the drain directory, the
+service accounts another role names, the settings of one role that another checks. Its problems
+are the lab's input checks beyond the argument specs' types (with labctl.topology_checks).
 
 Inputs are the inventory's variables. A role variable set in the inventory (``vllm_base_port``)
 wins over the project variable it defaults to (``lab_vllm_base_port``, group_vars/all/project.yml),
-which wins over the built-in default below; every problem names the variable it came from.
+which wins over the built-in default below; every problem names the variable it came from. A
+built-in default equals the role's own default (a unit test checks).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any
+
+from labctl import topology_checks
 
 GPU_GROUP = "gpu_hosts"
 GATEWAY_GROUP = "gateway_hosts"
@@ -22,7 +30,7 @@ MONITORING_GROUP = "monitoring_hosts"
 LAB_GROUP = "lab"
 
 # setting: (role variable, project variable or None, built-in default)
-SETTINGS: Dict[str, Tuple[str, Optional[str], Any]] = {
+SETTINGS: dict[str, tuple[str, str | None, Any]] = {
     "tensor_parallel_size": ("vllm_tensor_parallel_size", "lab_vllm_tensor_parallel_size", 1),
     "replicas": ("vllm_replicas", "lab_vllm_replicas", 0),
     "base_port": ("vllm_base_port", "lab_vllm_base_port", 8000),
@@ -40,7 +48,36 @@ SETTINGS: Dict[str, Tuple[str, Optional[str], Any]] = {
     "litellm_port": ("litellm_port", "lab_litellm_port", 4000),
     "grafana_port": ("grafana_port", "lab_grafana_port", 3000),
     "prometheus_port": ("prometheus_port", "lab_prometheus_port", 9090),
+    "postgresql_port": ("postgresql_port", "lab_postgres_port", 5432),
+    "redis_port": ("redis_port", "lab_redis_port", 6379),
+    # The accounts another role names (the firewall lets them reach the replicas).
+    "litellm_user": ("litellm_user", None, "litellm"),
+    "prometheus_user": ("prometheus_user", None, "prometheus"),
+    # Inventory groups a role's hosts take their peers from (a subset of the lab's).
+    "upstream_group": ("litellm_upstream_group", None, GPU_GROUP),
+    "scrape_vllm_group": ("prometheus_vllm_group", None, GPU_GROUP),
+    "scrape_litellm_group": ("prometheus_litellm_group", None, GATEWAY_GROUP),
+    "scrape_node_group": ("prometheus_node_group", None, LAB_GROUP),
+    "gpu_checks_group": ("preflight_gpu_group", None, GPU_GROUP),
+    # What the artifacts and GPU layers will do on a host, which preflight checks first.
+    "model_name": ("model_weights_name", "lab_model_name", ""),
+    "model_revision": ("model_weights_revision", "lab_model_revision", ""),
+    "model_root": ("model_weights_root", "lab_model_root", "/srv/models"),
+    "model_source": ("model_weights_source", None, "bundle"),
+    "tiktoken_encodings": ("tiktoken_cache_encodings", None, ["o200k_base", "cl100k_base"]),
+    "tiktoken_source_dir": ("tiktoken_cache_source_dir", None, None),
+    "kernel_module_managed": ("nvidia_driver_kernel_module_managed", None, True),
+    "install_kernel_headers": ("nvidia_driver_install_kernel_headers", None, True),
+    "secure_boot_key": ("nvidia_driver_secure_boot_key", None, ""),
+    "control_node_address": ("firewall_control_node_address", None, ""),
 }
+# Drain markers of the replicas (one file per served name, holding an expiry time): the vllm role
+# writes them on every gateway host, the gateway's readiness callback reads them. /run: a reboot
+# clears a stale one.
+DRAIN_DIR = "/run/labctl/drain"
+# The vLLM settings labctl plan's memory plan reads (labctl.plan_hosts), as a host sets them.
+PLAN_VARIABLES = tuple(str(name) for key in ("gpu_memory_utilization", "max_model_len", "max_num_seqs", "tensor_parallel_size", "replicas")
+                       for name in SETTINGS[key][:2])
 # The served name: the role's variable, then the project's, then the model's name.
 SERVED_NAME = ("vllm_served_model_name", "lab_served_model_name", "lab_model_name")
 DEFAULT_MODEL = "gpt-oss-120b"
@@ -48,11 +85,15 @@ EXPECTED_GPUS = "lab_expected_gpu_count"
 # node_exporter_gpu_source "auto" picks DCGM exporter when the bundle carries both packages.
 DCGM_PACKAGES = ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-exporter")
 
+# The variables the topology's results are computed from (the others are only checked).
+SETTING_VARIABLES = frozenset({v for role, project, _ in SETTINGS.values() for v in (role, project) if v} | set(SERVED_NAME)
+                              | {EXPECTED_GPUS, "ansible_host"})
 # Every variable the topology reads, for the filter to pick out of hostvars.
 INPUT_VARIABLES = sorted(
     {v for role, project, _ in SETTINGS.values() for v in (role, project) if v}
     | set(SERVED_NAME)
     | {EXPECTED_GPUS, "ansible_host"}
+    | set(topology_checks.INPUT_VARIABLES)
 )
 # The facts it reads (labctl_gpu_facts and the setup module's).
 INPUT_FACTS = ("gpu_count", "gpu_pci_count", "default_ipv4", "processor_vcpus", "processor_count",
@@ -63,7 +104,7 @@ class TopologyError(ValueError):
     """An input the topology cannot use; the message names the variable."""
 
 
-def setting(given: Mapping[str, Any], key: str) -> Tuple[Any, str]:
+def setting(given: Mapping[str, Any], key: str) -> tuple[Any, str]:
     """The value of one setting for a host and the variable it came from."""
     role, project, default = SETTINGS[key]
     for name in (role, project):
@@ -72,7 +113,7 @@ def setting(given: Mapping[str, Any], key: str) -> Tuple[Any, str]:
     return default, role
 
 
-def _int(given: Mapping[str, Any], key: str, low: int, high: Optional[int] = None) -> Tuple[int, str]:
+def _int(given: Mapping[str, Any], key: str, low: int, high: int | None = None) -> tuple[int, str]:
     value, name = setting(given, key)
     try:
         if isinstance(value, bool):
@@ -102,7 +143,7 @@ def replica_plan(
     cpus: int = 0,
     address: str = "127.0.0.1",
     tls: bool = False,
-) -> List[Dict[str, Any]]:
+) -> list[dict[str, Any]]:
     """The vLLM replicas of one host: index, port, GPUs, distinct served name, CPU cores, URL
     (https with ``tls``).
 
@@ -163,7 +204,7 @@ def _flag(given: Mapping[str, Any], key: str) -> bool:
     raise TopologyError(f"{name} must be true or false, got {value!r}")
 
 
-def parse_cpulist(text: str) -> List[int]:
+def parse_cpulist(text: str) -> list[int]:
     """The kernel's cpulist format ("0-55,112-167", "3", "") as a sorted list of CPU numbers."""
     cpus: set[int] = set()
     for part in str(text).replace(" ", "").split(","):
@@ -176,9 +217,9 @@ def parse_cpulist(text: str) -> List[int]:
     return sorted(cpus)
 
 
-def format_cpulist(cpus: List[int]) -> str:
+def format_cpulist(cpus: list[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5" (what parse_cpulist reads, and systemd's CPUAffinity= too)."""
-    parts: List[str] = []
+    parts: list[str] = []
     ordered = sorted(set(cpus))
     start = 0
     for i in range(1, len(ordered) + 1):
@@ -189,7 +230,7 @@ def format_cpulist(cpus: List[int]) -> str:
     return ",".join(parts)
 
 
-def numa_binding(plan: List[Dict[str, Any]], facts: Mapping[str, Any], gpus: int) -> None:
+def numa_binding(plan: list[dict[str, Any]], facts: Mapping[str, Any], gpus: int) -> None:
     """Bind each replica of ``plan`` to the NUMA node(s) of its GPUs, in place: ``numa_nodes`` (the
     nodes) and ``numa_cpus`` (their CPUs). The facts are labctl_gpu_facts': ``gpu_numa_nodes`` (CUDA
     device i's node, PCI bus order) and ``numa_node_cpus``. A replica whose GPUs' nodes are not all
@@ -210,7 +251,7 @@ def numa_binding(plan: List[Dict[str, Any]], facts: Mapping[str, Any], gpus: int
         if mine and min(mine) >= 0 and all(node_cpus.get(str(n)) for n in mine) and cpus:
             r["numa_nodes"] = mine
             r["numa_cpus"] = format_cpulist(cpus)
-    groups: Dict[str, List[Dict[str, Any]]] = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
     for r in plan:
         if r.get("numa_cpus") and r.get("cpus"):
             groups.setdefault(r["numa_cpus"], []).append(r)
@@ -221,7 +262,7 @@ def numa_binding(plan: List[Dict[str, Any]], facts: Mapping[str, Any], gpus: int
             r["cpus"] = format_cpulist(cpus[i * share:(i + 1) * share]) if share else ""
 
 
-def gpu_count(facts: Mapping[str, Any], given: Mapping[str, Any], source: str = "facts") -> Tuple[int, str]:
+def gpu_count(facts: Mapping[str, Any], given: Mapping[str, Any], source: str = "facts") -> tuple[int, str]:
     """The GPUs to plan for and where the number came from: nvidia-smi (labctl_gpu_facts), else the PCI
     devices, else lab_expected_gpu_count (before the driver runs; the only source with
     ``source='inventory'``, for planning on the control node)."""
@@ -245,7 +286,7 @@ def _default_address(facts: Mapping[str, Any], given: Mapping[str, Any], host: s
     return str(given.get("ansible_host") or host) if stand_in else ""
 
 
-def _members(groups: Mapping[str, Any], name: str) -> List[str]:
+def _members(groups: Mapping[str, Any], name: str) -> list[str]:
     return [str(h) for h in (groups.get(name) or [])]
 
 
@@ -254,8 +295,8 @@ def lab_topology(
     hosts: Mapping[str, Mapping[str, Any]],
     facts: Mapping[str, Mapping[str, Any]],
     gpu_source: str = "facts",
-    bundle_packages: Optional[List[str]] = None,
-) -> Dict[str, Any]:
+    bundle_packages: list[str] | None = None,
+) -> dict[str, Any]:
     """The topology of the lab.
 
     ``groups``: the inventory's groups; ``hosts``: each host's variables (``INPUT_VARIABLES``
@@ -275,9 +316,9 @@ def lab_topology(
     monitors = _members(groups, MONITORING_GROUP)
     lab = _members(groups, LAB_GROUP) or sorted(set(gpu_hosts) | set(gateways) | set(monitors))
     everyone = lab + [h for h in gpu_hosts + gateways + monitors if h not in lab]
-    problems: List[str] = []
-    out_hosts: Dict[str, Dict[str, Any]] = {}
-    replicas: List[Dict[str, Any]] = []
+    problems: list[str] = []
+    out_hosts: dict[str, dict[str, Any]] = {}
+    replicas: list[dict[str, Any]] = []
 
     for host in everyone:
         given = hosts.get(host) or {}
@@ -287,7 +328,7 @@ def lab_topology(
             continue
         roles = [r for r, members in (("gpu", gpu_hosts), ("gateway", gateways), ("monitoring", monitors)) if host in members]
         address = _default_address(hf, given, host, stand_in)
-        entry: Dict[str, Any] = {"roles": roles, "address": address or str(given.get("ansible_host") or host)}
+        entry: dict[str, Any] = {"roles": roles, "address": address or str(given.get("ansible_host") or host)}
         try:
             exporter_port, _ = _int(given, "node_exporter_port", 1, 65535)
             dcgm_port, _ = _int(given, "dcgm_port", 1, 65535)
@@ -314,17 +355,17 @@ def lab_topology(
                 _plan_host(entry, host, given, hf, gpu_source, gateways, address, replicas)
             except TopologyError as exc:
                 problems.append(f"{host}: {exc}")
-        if "gateway" in roles:
-            try:
-                entry["litellm_port"] = _int(given, "litellm_port", 1, 65535)[0]
-            except TopologyError as exc:
-                problems.append(f"{host}: {exc}")
-        if "monitoring" in roles:
-            try:
-                entry["prometheus_port"] = _int(given, "prometheus_port", 1, 65535)[0]
-                entry["grafana_port"] = _int(given, "grafana_port", 1, 65535)[0]
-            except TopologyError as exc:
-                problems.append(f"{host}: {exc}")
+        served = (("gateway", ("litellm_port", "postgresql_port", "redis_port")), ("monitoring", ("prometheus_port", "grafana_port")))
+        for role, keys in served:
+            for key in keys if role in roles else ():
+                try:
+                    entry[key] = _int(given, key, 1, 65535)[0]
+                except TopologyError as exc:
+                    problems.append(f"{host}: {exc}")
+        entry.update(_settings(given, host, roles, groups))
+        entry["ports"] = _ports(entry, given)
+        problems += [f"{host}: {p}" for p in _clashes(entry["ports"])]
+        problems += [f"{host}: {p}" for p in topology_checks.problems(given, roles)]
         out_hosts[host] = entry
 
     for r in replicas:
@@ -339,6 +380,11 @@ def lab_topology(
                             "set node_exporter_listen_address")
     if gpu_hosts and gateways and not replicas and not problems:
         problems.append(f"no vLLM replica planned on any host of {GPU_GROUP}")
+    for host in gateways if not problems else []:
+        entry = out_hosts[host]
+        if not any(r["host"] in entry["upstream_hosts"] for r in replicas):
+            group, var = setting(hosts.get(host) or {}, "upstream_group")
+            problems.append(f"{host}: No replica behind the gateway: no host of {group} ({var}) has a vLLM replica")
 
     return {
         "groups": {"gpu": gpu_hosts, "gateway": gateways, "monitoring": monitors, "lab": lab},
@@ -346,12 +392,66 @@ def lab_topology(
         "replicas": replicas,
         "scrape": _scrape(out_hosts, replicas),
         "flows": _flows(out_hosts, replicas, gateways, monitors),
+        "drain_dir": DRAIN_DIR,
         "problems": problems,
     }
 
 
-def _plan_host(entry: Dict[str, Any], host: str, given: Mapping[str, Any], hf: Mapping[str, Any], gpu_source: str,
-               gateways: List[str], address: str, replicas: List[Dict[str, Any]]) -> None:
+def _settings(given: Mapping[str, Any], host: str, roles: list[str], groups: Mapping[str, Any]) -> dict[str, Any]:
+    """What one role of ``host`` takes from another, resolved once: the hosts its peers are taken
+    from, the accounts the firewall lets reach a replica, and what preflight checks before the
+    artifacts and GPU layers run (the vLLM settings of labctl plan's memory plan as the host sets
+    them)."""
+    def value(key: str) -> Any:
+        found = setting(given, key)[0]
+        return list(found) if isinstance(found, (list, tuple)) else found
+
+    out: dict[str, Any] = {
+        # root: the vllm role's health gate and drain; the proxy on a gateway, Prometheus on a monitoring host.
+        "replica_clients": ["root"] + ([str(value("litellm_user"))] if "gateway" in roles else [])
+        + ([str(value("prometheus_user"))] if "monitoring" in roles else []),
+        "gpu_checks": host in _members(groups, str(value("gpu_checks_group"))),
+        "artifacts": {key: value(key) for key in ("model_name", "model_revision", "model_root", "model_source",
+                                                   "tiktoken_encodings", "tiktoken_source_dir")},
+        "driver": {key: value(key) for key in ("kernel_module_managed", "install_kernel_headers", "secure_boot_key")},
+        "control_node_address": value("control_node_address"),
+        "plan_inputs": {name: given[name] for name in PLAN_VARIABLES if given.get(name) is not None},
+    }
+    if "gateway" in roles:
+        out["upstream_hosts"] = _members(groups, str(value("upstream_group")))
+    if "monitoring" in roles:
+        out["scrape_hosts"] = {kind: _members(groups, str(value(f"scrape_{kind}_group"))) for kind in ("vllm", "litellm", "node")}
+    return out
+
+
+def _ports(entry: Mapping[str, Any], given: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The ports the services of one host listen on, each named after the variable it comes from
+    (a replica's: the base port's variable + its index), the replicas' as asked even when the plan
+    is refused."""
+    base, asked = int(entry.get("vllm_base_port") or 0), int(entry.get("vllm_ports_asked") or 0)
+    ports = [{"service": f"vllm@{i}", "port": base + i, "name": f"vLLM replica {i} ({entry['vllm_base_port_from']}+{i})"}
+             for i in range(asked if base else 0)]
+    for key in ("litellm_port", "postgresql_port", "redis_port", "prometheus_port", "grafana_port"):
+        if key in entry:
+            ports.append({"service": key[:-len("_port")], "port": entry[key], "name": setting(given, key)[1]})
+    exporters = entry["exporters"]
+    if exporters["node_port"]:
+        ports.append({"service": "node_exporter", "port": exporters["node_port"], "name": setting(given, "node_exporter_port")[1]})
+    if exporters["gpu_metrics"] == "dcgm" and exporters["dcgm_port"]:
+        ports.append({"service": "dcgm-exporter", "port": exporters["dcgm_port"], "name": setting(given, "dcgm_port")[1]})
+    return ports
+
+
+def _clashes(ports: list[dict[str, Any]]) -> list[str]:
+    """One problem per port more than one service of the host uses."""
+    users: dict[int, list[str]] = {}
+    for entry in ports:
+        users.setdefault(int(entry["port"]), []).append(str(entry["name"]))
+    return [f"port clash: {' and '.join(names)} all use port {port}" for port, names in sorted(users.items()) if len(names) > 1]
+
+
+def _plan_host(entry: dict[str, Any], host: str, given: Mapping[str, Any], hf: Mapping[str, Any], gpu_source: str,
+               gateways: list[str], address: str, replicas: list[dict[str, Any]]) -> None:
     """Fill ``entry`` with the host's GPU count and the ports its replicas ask for (even when the
     plan is refused: preflight checks those ports too), then add its replicas to ``replicas``."""
     entry["replicas"] = []
@@ -390,7 +490,7 @@ def _plan_host(entry: Dict[str, Any], host: str, given: Mapping[str, Any], hf: M
     entry["replicas"] = [r["index"] for r in plan]
 
 
-def _scrape(hosts: Mapping[str, Mapping[str, Any]], replicas: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+def _scrape(hosts: Mapping[str, Mapping[str, Any]], replicas: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     def netloc(address: str, port: int) -> str:
         return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
@@ -411,11 +511,11 @@ def _scrape(hosts: Mapping[str, Mapping[str, Any]], replicas: List[Dict[str, Any
     }
 
 
-def _flows(hosts: Mapping[str, Mapping[str, Any]], replicas: List[Dict[str, Any]], gateways: List[str],
-           monitors: List[str]) -> List[Dict[str, Any]]:
+def _flows(hosts: Mapping[str, Mapping[str, Any]], replicas: list[dict[str, Any]], gateways: list[str],
+           monitors: list[str]) -> list[dict[str, Any]]:
     """Who must reach which port, one entry per listening service. ``from`` names hosts, or the
     class of outside peers ("clients": the gateway and Grafana; the firewall reads them)."""
-    flows: List[Dict[str, Any]] = []
+    flows: list[dict[str, Any]] = []
     for r in replicas:
         flows.append({"to": r["host"], "port": r["port"], "service": f"vllm@{r['index']}",
                       "from": sorted(set(gateways) | set(monitors))})

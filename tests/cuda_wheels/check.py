@@ -47,9 +47,9 @@ OS = "debian-12"
 NOT_ON_PYPI = ("flashinfer-cubin", "flashinfer-jit-cache")
 
 
-def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     print("+", " ".join(cmd), flush=True)
-    return subprocess.run(cmd, check=True, text=True, **kwargs)  # type: ignore[call-overload]
+    return subprocess.run(cmd, check=True, text=True, **kwargs)
 
 
 def reachable(url: str) -> bool:

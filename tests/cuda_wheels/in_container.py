@@ -12,7 +12,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import offline_paths  # noqa: E402
+import offline_paths
 
 cli = argparse.ArgumentParser()
 cli.add_argument("--env", action="append", default=[], help="an EnvironmentFile= of the replica unit, in order")
@@ -46,7 +46,7 @@ import vllm.platforms  # noqa: E402
 from vllm.platforms.interface import Platform, PlatformEnum  # noqa: E402
 
 
-class _CudaNamed(Platform):
+class _CudaNamed(Platform):  # type: ignore[misc]  # vLLM's class: only the container has vLLM
     _enum = PlatformEnum.CUDA
     device_name = "cuda"
     device_type = "cuda"

@@ -19,7 +19,7 @@ The list comes from reading the pinned sources (vLLM 0.33.0, FlashInfer 0.7.2.po
 Not on that path (and why) is REVIEWED below: every other place in the installed vLLM and FlashInfer
 that opens a connection. A file that is in neither list fails the check, so a new vLLM cannot add a
 download without someone reading it.
-"""
+"""  # noqa: E501 - the table above: one download a row
 
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ import re
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # --- the replicas' environment -----------------------------------------------------------------
 
@@ -99,8 +100,8 @@ def install_guard() -> None:
             raise socket.gaierror(socket.EAI_NONAME, "no network (offline_paths guard)")
         return real_getaddrinfo(host, *args, **kwargs)
 
-    socket.socket.connect = connect  # type: ignore[method-assign]
-    socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
+    socket.socket.connect = connect  # type: ignore[method-assign,assignment]
+    socket.socket.connect_ex = connect_ex  # type: ignore[method-assign,assignment]
     socket.getaddrinfo = getaddrinfo
 
 
@@ -162,7 +163,7 @@ def network_code(packages: tuple[str, ...] = ("vllm", "flashinfer")) -> list[str
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
             continue
-        root = Path(list(spec.submodule_search_locations)[0])
+        root = Path(next(iter(spec.submodule_search_locations)))
         for path in sorted(root.rglob("*.py")):
             if _NETWORK_CALL.search(path.read_text(errors="replace")):
                 found.append(str(path.relative_to(root.parent)))
@@ -281,9 +282,9 @@ def prove(model_dir: str) -> dict[str, Any]:
                        bool(value) and value["has_nvidia_artifactory"], value or {}, attempts, error))
 
     def cubins() -> dict[str, Any]:
-        import flashinfer  # noqa: F401  (the whole package: what vLLM imports on CUDA)
-        from flashinfer.jit import env as fi_env
+        import flashinfer  # the whole package: what vLLM imports on CUDA
         from flashinfer.jit import cubin_loader
+        from flashinfer.jit import env as fi_env
 
         package = importlib.util.find_spec("flashinfer_cubin")
         package_dir = None

@@ -1,6 +1,7 @@
-"""Render one of the litellm role's callback templates (roles/litellm/templates/etc/labctl/litellm/
-*.py.j2) and import it with LiteLLM stood in for: the project's venv has no LiteLLM (the hooks'
-names and parameters are checked against the bundle's wheel in the tests that use this)."""
+"""Import one of the litellm role's callbacks (roles/litellm/files/etc/labctl/litellm/*.py) beside its
+settings, rendered from the role's template (templates/etc/labctl/litellm/<name>.yaml.j2) as the
+role writes them, with LiteLLM stood in for: the project's venv has no LiteLLM (the hooks' names
+and parameters are checked against the bundle's wheel in the tests that use this)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from typing import Any
 import jinja2
 import pytest
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm"
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "litellm"
+CALLBACKS = ROLE / "files" / "etc" / "labctl" / "litellm"
+TEMPLATES = ROLE / "templates" / "etc" / "labctl" / "litellm"
 WHEELS = Path(__file__).resolve().parents[2] / "build" / "bundles" / "test" / "wheels"
 
 
@@ -39,8 +42,9 @@ class CustomLogger:
 
 def load_callback(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                   modules: dict[str, dict[str, Any]] | None = None, **variables: Any) -> Any:
-    """Render TEMPLATES/<name>.py.j2 with ``variables`` and import it; ``modules`` adds stand-in
-    modules (name -> attributes) next to litellm's."""
+    """Import CALLBACKS/<name>.py with its settings rendered from TEMPLATES/<name>.yaml.j2 with
+    ``variables`` (a callback without settings takes none); ``modules`` adds stand-in modules
+    (name -> attributes) next to litellm's."""
     for module_name in ("litellm", "litellm.integrations"):
         monkeypatch.setitem(sys.modules, module_name, types.ModuleType(module_name))
     stand_ins = {"litellm.integrations.custom_logger": {"CustomLogger": CustomLogger}, **(modules or {})}
@@ -49,13 +53,17 @@ def load_callback(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         for attribute, value in attributes.items():
             setattr(module, attribute, value)
         monkeypatch.setitem(sys.modules, module_name, module)
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
-    env.filters["to_json"] = json.dumps
-    env.filters["comment"] = lambda text: "# " + text
-    source = env.from_string((TEMPLATES / f"{name}.py.j2").read_text()).render(ansible_managed="Ansible managed",
-                                                                               **variables)
+    settings = TEMPLATES / f"{name}.yaml.j2"
+    if settings.exists():
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+        env.filters["to_json"] = json.dumps
+        env.filters["comment"] = lambda text: "# " + text
+        rendered = env.from_string(settings.read_text()).render(ansible_managed="Ansible managed", **variables)
+        (tmp_path / f"{name}.yaml").write_text(rendered)
+    else:
+        assert not variables, f"{name} takes no settings"
     path = tmp_path / f"{name}.py"
-    path.write_text(source)
+    path.write_text((CALLBACKS / f"{name}.py").read_text())
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     loaded = importlib.util.module_from_spec(spec)

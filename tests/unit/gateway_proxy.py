@@ -83,7 +83,9 @@ def write_inventory(root: Path, variables: dict[str, Any], gpu_address: str | No
         groups = {"gpu_hosts": {"hosts": {"gpu1": {"lab_expected_gpu_count": 1, "ansible_host": gpu_address}}},
                   "gateway_hosts": {"hosts": {"unit": {"ansible_host": "127.0.0.1"}}}}
     (root / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"lab": {"children": groups}}}}))
-    (root / "group_vars" / "all" / "site.yml").write_text(yaml.safe_dump(variables))
+    # The model every inventory names (group_vars/all/project.yml, which a real inventory links).
+    project = yaml.safe_load((REPO / "group_vars" / "all" / "project.yml").read_text())
+    (root / "group_vars" / "all" / "site.yml").write_text(yaml.safe_dump({"lab_model_name": project["lab_model_name"], **variables}))
     return root
 
 
@@ -94,7 +96,7 @@ def render_env(variables: dict[str, Any]) -> dict[str, str]:
     env.filters["bool"] = lambda value: value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
     text = env.from_string((TEMPLATES / "litellm.env.j2").read_text()).render(ansible_managed="Ansible managed", **variables)
     pairs = (line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
-    return {name: value for name, value in pairs}
+    return dict(pairs)
 
 
 @dataclass

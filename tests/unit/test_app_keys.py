@@ -1,5 +1,5 @@
 """Application keys without a database: the control node's store (labctl.keys), what the litellm
-role sends (labctl_app_keys_doc) and the auth hook that enforces it (labctl_auth.py.j2, LiteLLM
+role sends (labctl_app_keys_doc) and the auth hook that enforces it (labctl_auth.py, LiteLLM
 stood in for; its names are checked against the bundle's wheel below). The run through the real
 proxy is molecule stack's test_stack_keys.py."""
 
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import types
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from labctl import keys_cli
 from labctl.cli import app
-from labctl.keys import AppKey, KeyError_, KeyStore, hash_key
+from labctl.keys import AppKey, KeyRefused, KeyStore, hash_key
 
 from .callback_loader import litellm_source, load_callback
 
@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "roles" / "litellm" / "filter_plugins"))
 
 from litellm_filters import labctl_app_keys_doc  # noqa: E402
 
-NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 CLASSES = [{"name": "m", "priority": 0, "key_class": "interactive"}, {"name": "m-batch", "priority": 10, "key_class": "batch"}]
 
 
@@ -65,7 +65,7 @@ def test_bad_input_is_refused_and_changes_nothing(tmp_path: Path, kwargs: dict[s
     store = KeyStore(tmp_path / "app-keys.json")
     store.add("existing", "batch", now=NOW)
     before = store.path.read_bytes()
-    with pytest.raises(KeyError_, match=message):
+    with pytest.raises(KeyRefused, match=message):
         store.add(now=NOW, **kwargs)
     assert store.path.read_bytes() == before
 
@@ -73,10 +73,10 @@ def test_bad_input_is_refused_and_changes_nothing(tmp_path: Path, kwargs: dict[s
 def test_a_name_is_unique_until_revoked_and_revoking_keeps_the_record(tmp_path: Path) -> None:
     store = KeyStore(tmp_path / "app-keys.json")
     store.add("app", "batch", now=NOW)
-    with pytest.raises(KeyError_, match="key app exists"):
+    with pytest.raises(KeyRefused, match="key app exists"):
         store.add("app", "interactive", now=NOW)
     store.revoke("app", now=NOW)
-    with pytest.raises(KeyError_, match="no key named app"):
+    with pytest.raises(KeyRefused, match="no key named app"):
         store.revoke("app", now=NOW)
     store.add("app", "interactive", now=NOW)
     states = [(k.key_class, k.status(NOW)) for k in store.load()]
@@ -88,13 +88,13 @@ def test_expiry_is_the_end_of_the_day_utc(tmp_path: Path) -> None:
     record, _ = store.add("app", "batch", expires="2026-12-31", now=NOW)
     assert record.expires == "2026-12-31T23:59:59+00:00"
     assert record.status(NOW) == "active"
-    assert record.status(datetime(2027, 1, 1, tzinfo=timezone.utc)) == "expired"
+    assert record.status(datetime(2027, 1, 1, tzinfo=UTC)) == "expired"
 
 
 def test_an_unreadable_store_is_named(tmp_path: Path) -> None:
     path = tmp_path / "app-keys.json"
     path.write_text("{not json")
-    with pytest.raises(KeyError_, match=str(path)):
+    with pytest.raises(KeyRefused, match=str(path)):
         KeyStore(path).add("app", "batch", now=NOW)
     assert path.read_text() == "{not json"
 
@@ -125,7 +125,7 @@ def test_concurrent_adds_lose_no_record(tmp_path: Path) -> None:
     time.sleep(1.0)  # both started, waiting for the same moment
     go.touch()
     for racer in racers:
-        out, err = racer.communicate(timeout=120)
+        _out, err = racer.communicate(timeout=120)
         assert racer.returncode == 0, err
     names = [k.name for k in KeyStore(path).load()]
     assert len(names) == len(set(names))
@@ -255,7 +255,7 @@ def test_an_application_key_reaches_its_class_with_its_limits_and_name(tmp_path:
 
 def test_unknown_missing_and_expired_keys_get_401_the_master_key_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     module, keys_file = _hook(tmp_path, monkeypatch)
-    past = (datetime.now(timezone.utc) - timedelta(minutes=1)).isoformat()
+    past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
     _write(keys_file, [_record("old", expires=past)])
     assert _status(module, "nobody") == 401
     assert _status(module, "") == 401
@@ -300,7 +300,12 @@ def test_keys_add_prints_the_key_once_and_pushes(tmp_path: Path, monkeypatch: py
     store_path = tmp_path / "secrets" / "app-keys.json"
     pushed: list[Path] = []
     monkeypatch.setattr(keys_cli, "locate", lambda inventory: (store_path, False))
-    monkeypatch.setattr(keys_cli, "_push", lambda inventory, json_output, new_key=None: pushed.append(inventory) or 0)
+
+    def push(inventory: Path, json_output: bool, new_key: str | None = None) -> int:
+        pushed.append(inventory)
+        return 0
+
+    monkeypatch.setattr(keys_cli, "_push", push)
     inventory = tmp_path / "inv"
     inventory.mkdir()
     result = CliRunner().invoke(app, ["keys", "add", "notebook", "-i", str(inventory), "--class", "batch", "--rpm", "10",

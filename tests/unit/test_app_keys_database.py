@@ -4,7 +4,7 @@ shapes from litellm 1.106.0's GenerateKeyRequest, UpdateKeyRequest and KeyReques
 checked against the bundle's wheel below). Every live key reaches the model API only
 (allowed_routes) with a per-key concurrency limit, and Prometheus's token is a virtual key for
 /metrics only. Not run against a real database-mode proxy: the test bundle has no Prisma engines
-(README, "application keys")."""
+(docs/verification.md, "application keys")."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -38,8 +38,8 @@ FIELDS = {"key", "key_alias", "models", "metadata", "rpm_limit", "tpm_limit", "m
 
 
 class _KeyAPI(JSONHandler):
-    db: dict[str, dict[str, Any]] = {}
-    calls: list[tuple[str, str, Any]] = []
+    db: ClassVar[dict[str, dict[str, Any]]] = {}
+    calls: ClassVar[list[tuple[str, str, Any]]] = []
 
     def _authorized(self) -> bool:
         if self.headers.get("Authorization") != f"Bearer {MASTER}":
@@ -103,7 +103,7 @@ def _run(tmp_path: Path, port: int, keys: list[dict[str, Any]], new_file: str = 
     (tmp_path / "vars.json").write_text(json.dumps(variables))
     playbook = tmp_path / "play.yml"
     playbook.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
-                        "    - ansible.builtin.import_role: {name: litellm, tasks_from: keys_database.yml}\n")
+                        "    - ansible.builtin.import_role: {name: litellm, tasks_from: keys_database}\n")
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(REPO / "roles"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
     return subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-v", str(playbook), "-e", f"@{tmp_path / 'vars.json'}",
@@ -117,7 +117,7 @@ def test_a_new_key_becomes_a_virtual_key_and_revoked_ones_are_deleted(tmp_path: 
     old, old_key = store.add("old", "batch")
     store.revoke("old")
     handler.db[old.sha256] = {"key_alias": "old"}  # made earlier, now revoked
-    expires = (datetime.now(timezone.utc) + timedelta(days=10)).date().isoformat()
+    expires = (datetime.now(UTC) + timedelta(days=10)).date().isoformat()
     record, key = store.add("notebook", "interactive", rpm=60, expires=expires)
     handoff = tmp_path / "new-key.json"
     handoff.write_text(json.dumps({"name": "notebook", "key": key}))

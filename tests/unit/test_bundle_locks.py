@@ -21,6 +21,7 @@ from labctl.bundle.errors import BuildError
 from labctl.bundle.locks import FIND_LINKS, PYPI, index_page, parse, read_lock
 from labctl.cli import app
 from labctl.profile import load_profile
+
 from .conftest import build
 
 
@@ -167,3 +168,12 @@ def test_index_pages_and_find_links(tmp_path: Path, indexes: dict[str, object]) 
     assert page is not None and list(page) == [Path(str(indexes["good"])).name]
     assert index_page(str(indexes["cuda"]), "app") is None
     assert FIND_LINKS == "find-links:"
+
+
+def test_the_tests_gateway_is_the_labs_debian_12_gateway() -> None:
+    """CI builds the test bundle from committed locks, and its gateway set is the lab's Debian 12 one
+    pin for pin: re-locking one without the other fails here (what CI runs is what a lab installs)."""
+    repo = Path(__file__).resolve().parents[2]
+    lab = repo / "profiles" / "locks" / "lab" / "debian-12" / "litellm.txt"
+    test = repo / "profiles" / "locks" / "test" / "debian-12" / "litellm.txt"
+    assert parse(lab.read_text(), str(lab)) == parse(test.read_text(), str(test))

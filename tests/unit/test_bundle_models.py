@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from labctl.bundle import verifycore
 from labctl.bundle.errors import BuildError
 from labctl.bundle.models_stage import REUSE_FILE
+from labctl.module_utils import verifycore
+from labctl.module_utils.sums import sha256_file
 from labctl.profile import ProfileError, load_profile
 
 from .conftest import Inputs, build, flip_byte, invoke, manifest_of, write_profile
@@ -61,7 +62,7 @@ def test_layout_sums_and_manifest(runner: CliRunner, snap_profile: Path, tmp_pat
         assert (root / rel).read_bytes() == data
     sums = (root / "SHA256SUMS").read_text()
     assert sums == "".join(f"{sha256(SNAPSHOT[rel])}  {rel}\n" for rel in sorted(SNAPSHOT))
-    check = subprocess.run(["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=root, capture_output=True, text=True)
+    check = subprocess.run(["sha256sum", "--strict", "-c", "SHA256SUMS"], cwd=root, capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.count(": OK") == len(SNAPSHOT)
 
@@ -97,8 +98,9 @@ def test_tampered_model_file_is_named(runner: CliRunner, snap_profile: Path, tmp
     flip_byte(out / rel)
     result = invoke(runner, "bundle", "verify", str(out))
     assert result.exit_code == 1
-    found = verifycore.sha256_file(str(out / rel))
-    assert result.stdout.splitlines() == [f"modified: {rel} (sha256 expected {sha256(SNAPSHOT['model-00001-of-00002.safetensors'])}, found {found})"]
+    found = sha256_file(str(out / rel))
+    expected = sha256(SNAPSHOT["model-00001-of-00002.safetensors"])
+    assert result.stdout.splitlines() == [f"modified: {rel} (sha256 expected {expected}, found {found})"]
     (out / "models/tiny/r1/extra.bin").write_bytes(b"x")
     assert "extra: models/tiny/r1/extra.bin (not listed in manifest.json)" in invoke(runner, "bundle", "verify", str(out)).stdout
 
@@ -239,7 +241,8 @@ def test_bad_model_entry_is_named(tmp_path: Path, entry: str, field: str) -> Non
 
 
 def test_duplicate_model_refused(tmp_path: Path) -> None:
-    path = write_profile(tmp_path / "dup.yml", extra="models:\n  - {name: m, revision: r1, path: a}\n  - {name: m, revision: r1, path: b}\n")
+    path = write_profile(tmp_path / "dup.yml",
+                         extra="models:\n  - {name: m, revision: r1, path: a}\n  - {name: m, revision: r1, path: b}\n")
     with pytest.raises(ProfileError, match="models: Value error, model m revision r1 is listed twice"):
         load_profile(str(path))
 
@@ -254,7 +257,8 @@ def test_huggingface_not_installed(monkeypatch: pytest.MonkeyPatch, inputs: Inpu
     with pytest.raises(BuildError) as info:
         build(profile, tmp_path / "b", key_dir, cache_dir)
     message = str(info.value)
-    assert message.startswith("models[0] (oss r1).huggingface: openai/gpt-oss-120b@" + SHA + ": the huggingface_hub package is not installed")
+    assert message.startswith(
+        "models[0] (oss r1).huggingface: openai/gpt-oss-120b@" + SHA + ": the huggingface_hub package is not installed")
     assert "path:" in message
 
 

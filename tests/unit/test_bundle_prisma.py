@@ -25,10 +25,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from labctl.bundle import prisma_stage, verifycore
+from labctl.bundle import prisma_stage
 from labctl.bundle.builder import BuildResult
 from labctl.bundle.errors import BuildError
 from labctl.cli import app
+from labctl.module_utils import verifycore
 from labctl.profile import ProfileError, load_profile
 
 from .conftest import Inputs, build, invoke, manifest_of, write_profile
@@ -133,7 +134,7 @@ def prisma_profile(inputs: Inputs, tmp_path: Path, mirror: str, optional: bool =
 
 
 class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's name
         pass
 
 
@@ -497,3 +498,25 @@ def test_a_missing_or_stale_engine_lock_is_refused(npm_log: Path, inputs: Inputs
     lock.write_text(json.dumps({"engine_commit": "0" * 40, "engines": {}}))
     with pytest.raises(BuildError, match=rf"prisma: {lock} pins engines commit {'0' * 40}, the profile asks for {COMMIT}"):
         build(profile, tmp_path / "b", key_dir, cache)
+
+
+def test_optional_prisma_without_an_engine_lock_stays_out_and_fetches_nothing(
+    runner: CliRunner, npm_log: Path, inputs: Inputs, key_dir: Path, cache: Path, tmp_path: Path
+) -> None:
+    """A locked profile fetches nothing unpinned: with prisma.optional and no engine lock the build
+    leaves Prisma out and says why (even where the mirror is reachable), and `bundle lock` with the
+    mirror out of reach writes the wheel locks, warns, and exits 0."""
+    mirror = make_mirror(tmp_path / "mirror")
+    profile = prisma_profile(inputs, tmp_path, str(mirror), optional=True)
+    locks = tmp_path / "locks"
+    profile.write_text(profile.read_text() + f"locks: {locks}\n")
+    lock = locks / "debian-12" / "prisma.json"
+    result = build(profile, tmp_path / "b", key_dir, cache)
+    component = result.summary()["prisma"]
+    assert component["available"] is False and component["reason"].startswith(f"no engine lock {lock}")
+    assert not npm_log.exists() or "prisma@" not in npm_log.read_text()
+    down = prisma_profile(inputs, tmp_path / "down", "http://127.0.0.1:9", optional=True)
+    down.write_text(down.read_text() + f"locks: {locks}\n")
+    locked = runner.invoke(app, ["bundle", "lock", "--profile", str(down)])
+    assert locked.exit_code == 0, locked.output
+    assert "prisma.optional: true; no engine lock written" in locked.output and not lock.exists()

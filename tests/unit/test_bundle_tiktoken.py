@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from labctl.bundle import tiktoken_stage, verifycore
+from labctl.bundle import tiktoken_stage
 from labctl.bundle.errors import BuildError
+from labctl.module_utils import verifycore
 from labctl.profile import ProfileError, load_profile
 
 from .conftest import Inputs, build, flip_byte, invoke, manifest_of, write_profile

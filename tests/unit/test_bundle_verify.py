@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from labctl.bundle import verifycore
 from labctl.bundle.builder import BuildResult
+from labctl.module_utils import verifycore
+from labctl.module_utils.sums import sha256_file
 
 from .conftest import flip_byte, invoke, manifest_of
 
@@ -34,7 +37,7 @@ def problems(runner: CliRunner, bundle: Path, *extra: str) -> list[str]:
 def test_flipped_byte_is_named(runner: CliRunner, bundle: Path, rel: str) -> None:
     expected = next(f["sha256"] for f in manifest_of(bundle)["files"] if f["path"] == rel)
     flip_byte(bundle / rel)
-    found = verifycore.sha256_file(str(bundle / rel))
+    found = sha256_file(str(bundle / rel))
     lines = problems(runner, bundle)
     assert f"modified: {rel} (sha256 expected {expected}, found {found})" in lines
 
@@ -64,7 +67,7 @@ def _rewrite_manifest(bundle: Path, edit: object) -> None:
 
 
 def test_manifest_size_edited_without_resigning(runner: CliRunner, bundle: Path) -> None:
-    def edit(manifest: dict[str, list[dict[str, int]]]) -> None:
+    def edit(manifest: dict[str, list[dict[str, Any]]]) -> None:
         entry = next(f for f in manifest["files"] if f["path"] == "apt/Packages")
         entry["size"] += 1
 
@@ -197,5 +200,18 @@ def test_stamp_of_another_signing_key_or_bundle_is_ignored(bundle: Path, tmp_pat
 def test_a_failed_verification_gets_no_stamp(bundle: Path, tmp_path: Path) -> None:
     (bundle / "apt" / "pool" / "evil.deb").write_bytes(b"evil")
     report = verifycore.verify_bundle(str(bundle))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="only a bundle that verified gets a stamp"):
         verifycore.write_stamp(str(tmp_path), report)
+
+
+def test_content_digest_ignores_signature_artefacts() -> None:
+    files = [
+        {"path": "b", "sha256": "2" * 64, "size": 2},
+        {"path": "a", "sha256": "1" * 64, "size": 1},
+    ]
+    digest = verifycore.content_digest(files)
+    assert digest == verifycore.content_digest(list(reversed(files)))
+    with_sigs = files + [{"path": p, "sha256": "3" * 64, "size": 3} for p in verifycore.SIGNATURE_ARTEFACTS]
+    assert verifycore.content_digest(with_sigs) == digest
+    expected = hashlib.sha256(f"a {'1' * 64} 1\nb {'2' * 64} 2\n".encode()).hexdigest()
+    assert digest == expected

@@ -16,21 +16,9 @@ def _load(*parts: str) -> ModuleType:
 
 
 REPO = Path(__file__).resolve().parents[2]
-preflight = _load("roles", "preflight", "filter_plugins", "preflight_plan.py")
 vllm = _load("roles", "vllm", "filter_plugins", "vllm_filters.py")
 grafana = _load("roles", "grafana", "filter_plugins", "grafana_filters.py")
 nvidia = _load("roles", "nvidia_driver", "filter_plugins", "nvidia_driver_filters.py")
-
-
-def test_port_clashes_name_every_user_of_a_port() -> None:
-    ports = preflight.labctl_replica_ports(8000, 2) + [
-        {"port": 8001, "name": "lab_litellm_port"},
-        {"port": 9100, "name": "lab_node_exporter_port"},
-    ]
-    assert preflight.labctl_port_clashes(ports) == [
-        "port clash: vLLM replica 1 (lab_vllm_base_port+1) and lab_litellm_port all use port 8001"
-    ]
-    assert preflight.labctl_port_clashes(preflight.labctl_replica_ports(8000, 2)) == []
 
 
 def test_restart_queue_follows_play_order_and_marks() -> None:
@@ -58,7 +46,7 @@ def test_dashboard_defaults_set_the_spend_prices_of_the_shipped_dashboard() -> N
     assert grafana.labctl_dashboard_defaults(dashboard, {}) == dashboard
     # The role hands over the JSON text (parsed here, no deep copy of Ansible's lazy containers).
     assert grafana.labctl_dashboard_defaults(path.read_text(), {"usd_per_mtok_input": 0.2, "usd_per_mtok_output": "0.8"}) == changed
-    with pytest.raises(AnsibleFilterError, match="no variable.*usd_per_mtok_inptu"):
+    with pytest.raises(AnsibleFilterError, match=r"no variable.*usd_per_mtok_inptu"):
         grafana.labctl_dashboard_defaults(dashboard, {"usd_per_mtok_inptu": 1})
 
 

@@ -14,7 +14,6 @@ import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -204,7 +203,7 @@ def _ns(name: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess
     return subprocess.run(["ip", "netns", "exec", name, *cmd], capture_output=True, text=True, check=check, timeout=60)
 
 
-@pytest.fixture()
+@pytest.fixture
 def netns() -> Iterator[tuple[str, str]]:
     assert os.geteuid() == 0, "the firewall test loads rules into a network namespace: run as root (make test does)"
     assert shutil.which("nft") and shutil.which("ip"), "nft and ip are missing: run scripts/ensure-host-tools.sh"
@@ -354,8 +353,8 @@ def test_only_the_replicas_clients_are_named_and_every_replica_is_guarded() -> N
     assert [(r["address"], r["ports"]) for r in gw["remote"]] == [(ADDRESS["gpu1"], [8000, 8001]), (ADDRESS["gpu2"], [8000, 8001])]
     missing = labctl_firewall_replica_guard(topo["replicas"], "gw", ["root", "litellm"], {"root": passwd["root"]})
     assert missing["problems"] == [
-        "firewall_replica_clients: the user 'litellm' does not exist on gw (its role creates it: playbooks/host.yml runs the "
-        "accounts of the replicas' clients before the firewall)"]
+        ("firewall_replica_clients: the user 'litellm' does not exist on gw (its role creates it: playbooks/host.yml runs the "
+         "accounts of the replicas' clients before the firewall)")]
     assert labctl_firewall_replica_guard([], "gw", "root", passwd)["problems"] == [
         "firewall_replica_clients must be a list of user names, got 'root'"]
 
@@ -393,8 +392,8 @@ def _as_user(netns: tuple[str, str], user: str, targets: list[tuple[str, int]]) 
     than root may run it), each open (the listener's "ok" came), refused, or an error."""
     host, _peer = netns
     account = pwd.getpwnam(user)
-    run = _ns(host, "setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups", "/usr/bin/python3", "-c", _LOCAL_PROBE,
-              *[f"{a},{p}" for a, p in targets])
+    run = _ns(host, "setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--clear-groups",
+              "/usr/bin/python3", "-c", _LOCAL_PROBE, *[f"{a},{p}" for a, p in targets])
     return {(a, int(p)): state for key, state in json.loads(run.stdout).items() for a, p in [key.rsplit(",", 1)]}
 
 

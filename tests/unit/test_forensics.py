@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +25,7 @@ UNITS = (
 )
 
 
-def _fake(calls: list[list[str]]):
+def _fake(calls: list[list[str]]) -> Callable[[list[str]], tuple[int, str]]:
     def run(argv: list[str]) -> tuple[int, str]:
         calls.append(argv)
         command = argv[-1]

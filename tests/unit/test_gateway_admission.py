@@ -1,4 +1,4 @@
-"""The gateway's priority admission (roles/litellm/.../labctl_admission.py.j2): the order in which
+"""The gateway's priority admission (roles/litellm/files/.../labctl_admission.py): the order in which
 waiting requests are admitted (class, arrival, floor), timeouts and cancellations, and the slot of
 each request given back exactly once by whichever LiteLLM hook ends it, and only by the request
 that holds it. LiteLLM itself is stood in for (its hook names and parameters are checked against
@@ -307,7 +307,8 @@ def test_no_request_frees_a_slot_it_does_not_hold(tmp_path: Path, monkeypatch: p
 
 
 async def _empty() -> Any:
-    for item in ():
+    nothing: tuple[Any, ...] = ()
+    for item in nothing:
         yield item
 
 

@@ -1,4 +1,4 @@
-"""The gateway's readiness routing (roles/litellm/.../labctl_readiness.py.j2) and the rolling
+"""The gateway's readiness routing (roles/litellm/files/.../labctl_readiness.py) and the rolling
 restart's drain wait (roles/vllm/library/labctl_replica_drain.py), against real sockets: a server that
 answers, one that answers 503, a port that listens but never answers (vLLM while it loads its
 model: it binds before the engine is set up) and a closed port."""
@@ -20,7 +20,7 @@ import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -29,7 +29,8 @@ from .callback_loader import load_callback
 from .tls_pki import Pki, make_pki
 
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATE = REPO / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm" / "labctl_readiness.py.j2"
+CALLBACK = REPO / "roles" / "litellm" / "files" / "etc" / "labctl" / "litellm" / "labctl_readiness.py"
+TEMPLATES = REPO / "roles" / "litellm" / "templates" / "etc" / "labctl" / "litellm"
 WHEELS = REPO / "build" / "bundles" / "test" / "wheels"
 BIN = Path(sys.executable).parent
 
@@ -44,9 +45,9 @@ def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: float = 0.2
 class _Handler(http.server.BaseHTTPRequestHandler):
     status = 200
     metrics = ""
-    reads: list[str] = []
+    reads: ClassVar[list[str]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         body = (self.metrics if self.path == "/metrics" else "").encode()
         self.reads.append(self.metrics)
         self.send_response(self.status)
@@ -239,7 +240,7 @@ def test_the_hook_matches_litellms_signature() -> None:
     with zipfile.ZipFile(wheel) as zf:
         tree = ast.parse(zf.read("litellm/integrations/custom_logger.py"))
     theirs = next(n for n in ast.walk(tree) if isinstance(n, ast.AsyncFunctionDef) and n.name == "async_filter_deployments")
-    ours = next(n for n in ast.walk(ast.parse(TEMPLATE.read_text().split("\n", 1)[1]))
+    ours = next(n for n in ast.walk(ast.parse(CALLBACK.read_text()))
                 if isinstance(n, ast.AsyncFunctionDef) and n.name == "async_filter_deployments")
     assert [a.arg for a in ours.args.args] == [a.arg for a in theirs.args.args]
 
@@ -247,9 +248,12 @@ def test_the_hook_matches_litellms_signature() -> None:
 def test_the_role_defaults_and_the_drain_directories_agree() -> None:
     litellm_vars = yaml.safe_load((REPO / "roles" / "litellm" / "vars" / "main.yml").read_text())
     vllm_vars = yaml.safe_load((REPO / "roles" / "vllm" / "vars" / "main.yml").read_text())
-    assert litellm_vars["__litellm_drain_dir"] == vllm_vars["__vllm_drain_dir"]
-    assert vllm_vars["__vllm_drain_dir"].startswith("/run/")  # a reboot clears a stale marker
-    config = (TEMPLATE.parent / "config.yaml.j2").read_text()
+    # One source, the topology, for the role that writes the markers and the one that reads them.
+    assert litellm_vars["__litellm_drain_dir"] == vllm_vars["__vllm_drain_dir"] == "{{ lab_topology.drain_dir }}"
+    from labctl import topology
+
+    assert topology.DRAIN_DIR.startswith("/run/")  # a reboot clears a stale marker
+    config = (TEMPLATES / "config.yaml.j2").read_text()
     assert '"labctl_readiness.readiness"' in config
 
 

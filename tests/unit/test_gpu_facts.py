@@ -109,15 +109,15 @@ def test_unavailable_fields_are_none() -> None:
 
 
 @pytest.mark.parametrize(
-    "line,quoted",
+    ("line", "quoted"),
     [
         # -L output mixed into the query output (garbage.txt's second line)
         ("GPU 1: NVIDIA H200 (UUID: GPU-5e0a4c71-93d2-6b8f-0c1e-8a2f47d9b316)", "GPU 1: NVIDIA H200"),
         # --format=csv,noheader without nounits: memory with its unit
-        ("0, NVIDIA H200, GPU-x, 1, 00000000:18:00.0, 143771 MiB, 580.95.05, 96.00.A5.00.03, Enabled, 9.0, "
-         "Default, Disabled, Enabled, 700.00 W", "143771 MiB"),
-        ("x, NVIDIA H200, GPU-x, 1, 00000000:18:00.0, 143771, 580.95.05, 96.00.A5.00.03, Enabled, 9.0, "
-         "Default, Disabled, Enabled, 700.00", "'x'"),
+        (("0, NVIDIA H200, GPU-x, 1, 00000000:18:00.0, 143771 MiB, 580.95.05, 96.00.A5.00.03, Enabled, 9.0, "
+          "Default, Disabled, Enabled, 700.00 W"), "143771 MiB"),
+        (("x, NVIDIA H200, GPU-x, 1, 00000000:18:00.0, 143771, 580.95.05, 96.00.A5.00.03, Enabled, 9.0, "
+          "Default, Disabled, Enabled, 700.00"), "'x'"),
         ("0, NVIDIA H200, GPU-x, 1, 00000000:18:00.0, 143771, 580.95.05", "fields"),
     ],
 )
@@ -136,7 +136,7 @@ H100_NVSWITCH_BRIDGE = "05:00.0 Bridge: NVIDIA Corporation GH100 [H100 NVSwitch]
 
 
 @pytest.mark.parametrize(
-    "q_text,lspci,expected",
+    ("q_text", "lspci", "expected"),
     [
         ("    Fabric\n        State                             : Completed\n", "", True),
         # NVSwitch board whose fabric manager is not running yet: exactly when it is needed
@@ -160,7 +160,7 @@ def test_parse_nvswitch(q_text: str, lspci: str, expected: bool) -> None:
     assert labctl_gpu_facts.parse_nvswitch(q_text, lspci) is expected
 
 
-@pytest.mark.parametrize("machine,expected", [
+@pytest.mark.parametrize(("machine", "expected"), [
     ("h200x2", False), ("h100x8-hgx", True), ("a100-mig", False), ("na-fields", False)])
 def test_fixture_lspci_and_stub_q_agree_on_nvswitch(machine: str, expected: bool) -> None:
     q_text = _stub("-q", data=machine).stdout
@@ -406,8 +406,8 @@ def test_stub_header_and_units() -> None:
     proc = _stub("--query-gpu=index,name,memory.total,power.limit,utilization.gpu,clocks.sm,temperature.gpu",
                  "--format=csv", "-i", "1")
     assert proc.stdout.splitlines() == [
-        "index, name, memory.total [MiB], power.limit [W], utilization.gpu [%], clocks.current.sm [MHz], "
-        "temperature.gpu",
+        ("index, name, memory.total [MiB], power.limit [W], utilization.gpu [%], clocks.current.sm [MHz], "
+         "temperature.gpu"),
         "1, NVIDIA H200, 143771 MiB, 700.00 W, 0 %, 345 MHz, 30",
     ]
     na = _stub("--query-gpu=memory.total,power.limit,serial", "--format=csv,noheader", data="na-fields")

@@ -56,7 +56,7 @@ QUIET = {"GF_ANALYTICS_REPORTING_ENABLED": "false", "GF_ANALYTICS_CHECK_FOR_UPDA
 def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name | None, signer: ec.EllipticCurvePrivateKey,
           ca: bool) -> x509.Certificate:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer or name).public_key(key.public_key())
                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
                .not_valid_after(now + datetime.timedelta(days=2))
@@ -582,6 +582,8 @@ def _check_play(tmp_path: Path, grafana: Grafana, tls_dir: Path | None, timeout:
         "  tasks:\n    - name: Check\n      ansible.builtin.import_role:\n        name: grafana\n        tasks_from: check.yml\n")
     args = {"grafana_port": grafana.port, "grafana_tls_enabled": tls_dir is not None, "grafana_tls_dir": str(tls_dir or ""),
             "grafana_admin_password": PASSWORD, "grafana_listen_address": "127.0.0.1", "grafana_health_timeout": timeout,
+            # The URL the provisioned datasource names (the lab's topology's Prometheus port; no topology play here).
+            "grafana_prometheus_url": role_vars(GRAFANA_ROLE)["grafana_prometheus_url"],
             "ansible_python_interpreter": sys.executable}
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
                ANSIBLE_LOCAL_TEMP=str(tmp_path / ".ansible-tmp"), ANSIBLE_HOME=str(tmp_path / ".ansible"))

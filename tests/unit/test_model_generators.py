@@ -32,7 +32,7 @@ EPOCH = 1748736000
 
 
 def run(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -141,7 +141,7 @@ def test_tiny_model_seed_changes_only_weights(tiny: Path, tmp_path: Path) -> Non
 
 def test_tiny_model_refuses_foreign_dir(tmp_path: Path) -> None:
     (tmp_path / "precious.txt").write_text("keep")
-    proc = subprocess.run([sys.executable, str(TINY), str(tmp_path)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(TINY), str(tmp_path)], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode != 0
     assert "holds other files (precious.txt)" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt"]

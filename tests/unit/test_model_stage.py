@@ -217,7 +217,7 @@ def test_resume_skips_completed_files_and_continues_a_cut_off_one(tmp_path: Path
     inode = (partial / done).stat().st_ino
     result = stage(tmp_path, src=str(src), dest=str(dest), workers=1)
     assert result["changed"] is True and result.get("failed") is not True, result["msg"]
-    size_done, size_cut = (src / done).stat().st_size, (src / cut).stat().st_size
+    size_done = (src / done).stat().st_size
     assert result["bytes_skipped"] == size_done and result["files_skipped"] == 1
     assert result["bytes_resumed"] == kept and result["files_resumed"] == 1
     assert result["bytes_copied"] == TOTAL - size_done - kept
@@ -428,7 +428,8 @@ def test_in_place_mode_hashes_a_pushed_tree(tmp_path: Path, src: Path, dest: Pat
 
 
 def test_documentation_parses_for_ansible_doc(tmp_path: Path) -> None:
-    out = subprocess.run([str(BIN / "ansible-doc"), "-M", str(REPO / "roles" / "model_weights" / "library"), "-j", "labctl_model_stage", "labctl_progress"],
+    out = subprocess.run([str(BIN / "ansible-doc"), "-M", str(REPO / "roles" / "model_weights" / "library"), "-j",
+                          "labctl_model_stage", "labctl_progress"],
                          capture_output=True, text=True, env=_env(tmp_path), check=False)
     assert out.returncode == 0, out.stderr
     docs = json.loads(out.stdout)

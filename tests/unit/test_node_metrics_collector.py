@@ -17,7 +17,9 @@ STUB = FIXTURES / "nvidia-smi-stub"
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+-]+)$')
 
 
-def run(tmp_path: Path, data: str, *extra: str, klog: str = "") -> tuple[subprocess.CompletedProcess[str], dict[str, list[tuple[str, float]]]]:
+def run(
+    tmp_path: Path, data: str, *extra: str, klog: str = ""
+) -> tuple[subprocess.CompletedProcess[str], dict[str, list[tuple[str, float]]]]:
     out = tmp_path / "textfile"
     out.mkdir(exist_ok=True)
     log = tmp_path / "kernel.log"

@@ -36,7 +36,7 @@ APT_URIS = """\
 'http://deb.debian.org/debian/pool/main/a/adduser/adduser_3.134_all.deb' adduser_3.134_all.deb 183272 SHA256:c24fe4eb8e60d8632d72ed104cce7c92cff200847c897dc8ba764b6c47b519e0
 'http://deb.debian.org/debian/pool/main/g/gcc-defaults/cpp_12.2.0-3_amd64.deb' cpp_4%3a12.2.0-3_amd64.deb 6840 SHA256:ABCDEF0123456789ABCDEF0123456789ABCDEF0123456789ABCDEF01234567
 'http://deb.debian.org/debian-security/pool/updates/main/j/jq/jq_1.6-2.1%2bdeb12u3_amd64.deb' jq_1.6-2.1+deb12u3_amd64.deb 64432 MD5Sum:0123456789abcdef0123456789abcdef
-"""
+"""  # noqa: E501 - apt-get's output as it prints it, one package a line
 
 APT_ERRORS = """\
 Reading package lists...

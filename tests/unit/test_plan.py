@@ -29,7 +29,8 @@ from labctl.plan import (
     model_profile,
     plan_host,
 )
-from labctl.plan_cli import HostReport, render_plain, render_rich
+from labctl.plan_cli import render_plain, render_rich
+from labctl.plan_hosts import HostReport
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi"
@@ -166,8 +167,7 @@ runner = CliRunner()
 
 
 def _plan(*args: str) -> Any:
-    result = runner.invoke(app, ["plan", *args])
-    return result
+    return runner.invoke(app, ["plan", *args])
 
 
 def _json(*args: str) -> dict[str, Any]:

@@ -60,7 +60,8 @@ def test_tiktoken_files_with_harmonys_hashes_pass() -> None:
 def test_wrong_tiktoken_file_is_named_with_both_hashes() -> None:
     swapped = _manifest(("tiktoken/o200k_base.tiktoken", 3, CL100K), ("tiktoken/cl100k_base.tiktoken", 3, CL100K))
     (problem,) = bundle.labctl_preflight_tiktoken_problems(swapped, ["o200k_base", "cl100k_base"], KNOWN, "/b")
-    assert problem.startswith(f"the bundle /b has a wrong tiktoken/o200k_base.tiktoken: sha256 {CL100K}, but openai-harmony expects {O200K}")
+    assert problem.startswith(
+        f"the bundle /b has a wrong tiktoken/o200k_base.tiktoken: sha256 {CL100K}, but openai-harmony expects {O200K}")
 
 
 def test_missing_or_unknown_encoding() -> None:
@@ -83,7 +84,8 @@ def test_model_bytes_count_only_the_served_revision_and_what_is_not_staged_yet()
 def test_typo_that_misses_every_prefix_is_named_with_the_declared_variable() -> None:
     known = ["vllm_replicas", "litellm_port", "lab_model_root"]
     prefixes = ["lab_", "vllm_", "litellm_"]
-    names = ["vlm_replicas", "litelm_port", "lab_model_rot", "vllm_replica", "ansible_port", "inventory_dir", "_x", "HOME", "litellm_port", "zebra_count"]
+    names = ["vlm_replicas", "litelm_port", "lab_model_rot", "vllm_replica", "ansible_port", "inventory_dir", "_x", "HOME",
+             "litellm_port", "zebra_count"]
     assert bundle.labctl_preflight_misspelled(names, known, prefixes) == [
         "unknown variable litelm_port (did you mean litellm_port?)",
         "unknown variable vlm_replicas (did you mean vllm_replicas?)",

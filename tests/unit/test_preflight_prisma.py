@@ -17,7 +17,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-REBUILD = ": rebuild the bundle where binaries.prisma.sh (or a mirror: profile prisma.mirror) is reachable, or set lab_litellm_database_mode: false"
+REBUILD = (": rebuild the bundle where binaries.prisma.sh (or a mirror: profile prisma.mirror) is reachable, "
+           "or set lab_litellm_database_mode: false")
 PREFIX = "lab_litellm_database_mode=true needs Prisma's engines in the bundle, but "
 UNREACHABLE = "cannot fetch https://binaries.prisma.sh/all_commits/393aa359/debian-openssl-3.0.x/query-engine.gz.sha256: timed out"
 
@@ -62,7 +63,11 @@ def test_preflight_prisma_check(tmp_path: Path) -> None:
     out = tmp_path / "problems"
     out.mkdir()
     playbook = tmp_path / "play.yml"
+    # The lab's topology first, as playbooks/preflight.yml runs it (from the inventory alone here;
+    # its problems are preflight's to report, not this test's).
     playbook.write_text(
+        f"- name: The lab's topology\n  ansible.builtin.import_playbook: {REPO / 'playbooks' / 'topology.yml'}\n"
+        "  vars: {lab_topology_gpu_source: inventory, lab_topology_report: preflight}\n"
         "- name: Preflight's platform checks\n"
         "  hosts: all\n"
         "  gather_facts: true\n"

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -75,13 +76,17 @@ def test_argument_specs_cover_exactly_the_defaults(role: Path) -> None:
     specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())
     options = specs["argument_specs"]["main"]["options"]
     # A variable with no role default is a topology input (src/labctl/topology.py reads it from the
-    # inventory; the role gets the result from lab_topology), and says so.
+    # inventory; the role gets the result from lab_topology), and says so, or a project variable the
+    # role requires (lab_topology: group_vars/all/project.yml's spec, roles/preflight/files).
+    project = yaml.safe_load((REPO / "roles" / "preflight" / "files" / "project_argument_specs.yml").read_text())
+    project_options = project["argument_specs"]["main"]["options"]
     assert set(defaults) <= set(options), f"{role.name}: defaults missing from argument_specs: {set(defaults) - set(options)}"
     for name in set(options) - set(defaults):
-        assert str(options[name].get("description", "")).startswith("Topology input"), \
-            f"{role.name}: {name} is in argument_specs but has no default (only topology inputs may)"
+        assert str(options[name].get("description", "")).startswith("Topology input") or (
+            name in project_options and options[name].get("required")), \
+            f"{role.name}: {name} is in argument_specs but has no default (only topology inputs and required project variables may)"
     for name in options:
-        assert name.startswith(role.name + "_"), f"{name} lacks the role prefix {role.name}_"
+        assert name.startswith(role.name + "_") or name in project_options, f"{name} lacks the role prefix {role.name}_"
         assert options[name].get("description"), f"{name} has no description"
 
 
@@ -115,7 +120,8 @@ def test_no_role_reads_another_roles_facts(role: Path) -> None:
 @pytest.mark.parametrize("template", sorted((REPO / "roles").glob("*/templates/**/*.j2")), ids=lambda p: p.name)
 def test_templates_carry_ansible_managed(template: Path) -> None:
     # Prometheus rule templates are rendered with [[ ]] delimiters (their {{ }} are Prometheus').
-    start = "[[ ansible_managed | comment" if template.parent.name == "rules" and "prometheus" in template.parts else "{{ ansible_managed | comment"
+    rules = template.parent.name == "rules" and "prometheus" in template.parts
+    start = "[[ ansible_managed | comment" if rules else "{{ ansible_managed | comment"
     assert template.read_text().startswith(start), template
 
 
@@ -125,9 +131,9 @@ def test_site_imports_only_existing_layer_playbooks() -> None:
         assert (REPO / play["ansible.builtin.import_playbook"]).is_file()
 
 
-def _tasks(node: object) -> list[dict[str, object]]:
+def _tasks(node: object) -> list[dict[str, Any]]:
     """Every task of a task file, blocks opened."""
-    found: list[dict[str, object]] = []
+    found: list[dict[str, Any]] = []
     for task in node if isinstance(node, list) else []:
         if isinstance(task, dict):
             found.append(task)
@@ -149,6 +155,19 @@ def test_files_are_written_through_the_one_call_checks(role: Path) -> None:
                     f"{path.relative_to(REPO)}: {task.get('name')}: owner, group and mode are explicit"
 
 
+def test_no_private_ansible_core_api() -> None:
+    """The project's plugins and modules use ansible-core's public API only: `ansible._internal` and
+    `ansible.module_utils._internal` may change in any release (the fast file action kept its gain
+    without them: labctl_template's template_vars)."""
+    import re
+
+    private = re.compile(r"^\s*(from|import)\s+ansible(\.module_utils)?\._internal", re.MULTILINE)
+    roots = [REPO / "action_plugins", REPO / "filter_plugins", REPO / "library", REPO / "roles", REPO / "src"]
+    found = [str(path.relative_to(REPO)) for root in roots for path in sorted(root.rglob("*.py"))
+             if private.search(path.read_text())]
+    assert found == [], f"private ansible-core API imported by: {found}"
+
+
 def test_one_way_from_python_to_ansible() -> None:
     """Only labctl.ansible_run runs Ansible (ansible-runner, ansible-playbook, ansible-inventory),
     and results come back as set_stats data, never found by a task's name."""
@@ -159,8 +178,10 @@ def test_one_way_from_python_to_ansible() -> None:
         if path.name == "ansible_run.py":
             continue
         assert "import ansible_runner" not in text, f"{path.relative_to(REPO)}: run Ansible through labctl.ansible_run"
-        assert not re.search(r"""["']ansible(-playbook|-inventory)?["']\s*,""", text), f"{path.relative_to(REPO)} runs an Ansible command"
-        assert not re.search(r"""get\(["']task["'][^)]*\)\)?\s*(==|\.endswith)""", text), f"{path.relative_to(REPO)} finds a result by task name"
+        assert not re.search(r"""["']ansible(-playbook|-inventory)?["']\s*,""", text), \
+            f"{path.relative_to(REPO)} runs an Ansible command"
+        assert not re.search(r"""get\(["']task["'][^)]*\)\)?\s*(==|\.endswith)""", text), \
+            f"{path.relative_to(REPO)} finds a result by task name"
 
 
 @pytest.mark.parametrize("role", ROLES, ids=lambda p: p.name)
@@ -172,7 +193,8 @@ def test_one_handler_style_and_one_way_into_task_files(role: Path) -> None:
     handlers = yaml.safe_load(handlers_file.read_text()) if handlers_file.exists() else []
     names = {h["name"] for h in handlers or []}
     for handler in handlers or []:
-        assert str(handler.get("listen", "")).startswith(role.name + " "), f"{role.name}: {handler['name']} has no '{role.name} ...' listen topic"
+        assert str(handler.get("listen", "")).startswith(role.name + " "), \
+            f"{role.name}: {handler['name']} has no '{role.name} ...' listen topic"
     for path in sorted((role / "tasks").glob("*.yml")):
         for task in _tasks(yaml.safe_load(path.read_text())):
             notify = task.get("notify")

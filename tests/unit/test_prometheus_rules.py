@@ -246,7 +246,7 @@ def test_the_waiting_threshold_is_wired_into_the_rule(promtool: str, tmp_path: P
     out = run_promtool(promtool, "test", "rules", SUITE.name, cwd=tmp_path)
     assert out.returncode != 0
     # The alert no longer fires at 60 waiting requests (not merely a changed annotation).
-    assert re.search(r"alertname: VllmRequestsWaiting, time: 6m,.*?got:\[\]", out.stdout + out.stderr, re.S), (
+    assert re.search(r"alertname: VllmRequestsWaiting, time: 6m,.*?got:\[\]", out.stdout + out.stderr, re.DOTALL), (
         out.stdout + out.stderr
     )
 

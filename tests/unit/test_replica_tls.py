@@ -87,7 +87,7 @@ def test_the_pinned_vllm_takes_these_flags() -> None:
         args = archive.read("vllm/entrypoints/launchers/cli_args.py").decode()
         guard = archive.read("vllm/entrypoints/serve/middleware/authenticate.py").decode()
     for name in ("ssl_keyfile", "ssl_certfile"):
-        assert re.search(rf"^\s+{name}: ", args, re.M), name
+        assert re.search(rf"^\s+{name}: ", args, re.MULTILINE), name
     assert 'GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")' in guard
 
 

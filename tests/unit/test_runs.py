@@ -24,7 +24,7 @@ LABCTL = str(Path(sys.executable).parent / "labctl")
 SECRET = "sk-labctl-test-secret-4f9a8b7c6d5e"
 
 
-@pytest.fixture()
+@pytest.fixture
 def lab(tmp_path: Path) -> dict[str, Path]:
     inventory = tmp_path / "inventories" / "unitlab"
     inventory.mkdir(parents=True)
@@ -191,7 +191,8 @@ def test_sigterm_interrupts_records_and_releases_the_lock(lab: dict[str, Path]) 
     launched = time.time()
     _wait_for(lab["state"], "Wait when asked")
     started = time.time()
-    status = [line for line in Path(f"/proc/{run.pid}/status").read_text().splitlines() if line.startswith(("SigCgt", "SigBlk", "SigIgn", "State"))]
+    status = [line for line in Path(f"/proc/{run.pid}/status").read_text().splitlines()
+              if line.startswith(("SigCgt", "SigBlk", "SigIgn", "State"))]
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=90)
     # events.jsonl is written as the run goes (line-buffered): the 60 s task was seen while it ran.
@@ -218,9 +219,8 @@ def test_a_dead_holders_lock_is_taken_over(lab: dict[str, Path]) -> None:
 
 def test_lock_is_exclusive_within_and_across_processes(tmp_path: Path) -> None:
     path = tmp_path / "locks" / "x.lock"
-    with InventoryLock(path, "first"):
-        with pytest.raises(LockHeld, match=f"PID {os.getpid()}.*: first"):
-            InventoryLock(path, "second").__enter__()
+    with InventoryLock(path, "first"), pytest.raises(LockHeld, match=f"PID {os.getpid()}.*: first"):
+        InventoryLock(path, "second").__enter__()
     with InventoryLock(path, "third") as again:
         assert again.previous is None  # the first released it properly
 

@@ -26,7 +26,7 @@ def _modules(tasks: list[dict[str, Any]]) -> list[str]:
     return found
 
 
-def test_no_reboot_happens_outside_the_serial_play():
+def test_no_reboot_happens_outside_the_serial_play() -> None:
     roles = REPO / "roles"
     for path in sorted(roles.glob("*/handlers/*.yml")) + sorted(roles.glob("*/tasks/*.yml")):
         tasks = yaml.safe_load(path.read_text()) or []
@@ -36,7 +36,7 @@ def test_no_reboot_happens_outside_the_serial_play():
                 "roles/nvidia_driver/tasks/reboot_host.yml", "roles/patch/tasks/main.yml"), path
 
 
-def test_the_reboot_play_takes_one_host_at_a_time_drained_first():
+def test_the_reboot_play_takes_one_host_at_a_time_drained_first() -> None:
     plays = [p for p in _load("playbooks", "gpu.yml") if "hosts" in p]  # after the topology import
     assert [play["hosts"] for play in plays] == ["gpu_hosts", "gpu_hosts"]
     reboot = plays[1]
@@ -47,11 +47,11 @@ def test_the_reboot_play_takes_one_host_at_a_time_drained_first():
              for task in block["block"]]
     # The kernel the host boots next is checked for the driver's modules before the host is drained
     # (a refused host keeps serving), and again right before the reboot (reboot_host.yml).
-    assert steps == [("nvidia_driver", "boot_check.yml"), ("vllm", "drain_host.yml"), ("nvidia_driver", "reboot_host.yml"),
-                     ("vllm", "undrain_host.yml")]
+    assert steps == [("nvidia_driver", "boot_check"), ("vllm", "drain_host"), ("nvidia_driver", "reboot_host"),
+                     ("vllm", "undrain_host")]
 
 
-def test_the_role_says_when_a_reboot_is_due():
+def test_the_role_says_when_a_reboot_is_due() -> None:
     tasks = _load("roles", "nvidia_driver", "tasks", "reboot.yml")
     facts = next(t["ansible.builtin.set_fact"] for t in tasks if "ansible.builtin.set_fact" in t)
     assert "nvidia_driver_reboot_allowed" in facts["nvidia_driver_reboot_due"]
@@ -62,7 +62,7 @@ def test_the_role_says_when_a_reboot_is_due():
     assert names.index("Refuse a host that came back without a reboot") < names.index("Verify the driver on every GPU")
 
 
-def test_a_drained_host_stops_only_after_its_replicas_finished_and_returns_only_serving():
+def test_a_drained_host_stops_only_after_its_replicas_finished_and_returns_only_serving() -> None:
     drain = [t["name"] for t in _load("roles", "vllm", "tasks", "drain_host.yml")]
     assert drain.index("Take this host's replicas out of the gateways' rotation") \
         < drain.index("Let the replicas finish their requests | {{ inventory_hostname }}") \
@@ -72,12 +72,12 @@ def test_a_drained_host_stops_only_after_its_replicas_finished_and_returns_only_
         < undrain.index("Put this host's replicas back in the gateways' rotation")
 
 
-def test_the_markers_outlive_the_reboot():
+def test_the_markers_outlive_the_reboot() -> None:
     """A marker's expiry covers the drain, the host's absence (the reboot timeout) and the health
     gate, so the gateways do not route to a host that is still booting."""
     plays = [p for p in _load("playbooks", "gpu.yml") if "hosts" in p]  # after the topology import
     drain = next(t for t in plays[1]["tasks"][0]["block"]
-                 if t["ansible.builtin.include_role"]["tasks_from"] == "drain_host.yml")
+                 if t["ansible.builtin.include_role"]["tasks_from"] == "drain_host")
     assert "nvidia_driver_reboot_timeout" in drain["vars"]["vllm_drain_hold"]
     rotation = _load("roles", "vllm", "tasks", "rotation_out.yml")
     marker = next(t for t in rotation if t["name"].startswith("Take the replica out"))

@@ -53,7 +53,7 @@ def replica() -> Iterator[str]:
     server.shutdown()
 
 
-def _params(url: str, **extra: object) -> dict:
+def _params(url: str, **extra: object) -> dict[str, object]:
     return {"url": url, "paths": ["/health"], "model_name": "tiny-llama-host-0", "api_key": None, **extra}
 
 

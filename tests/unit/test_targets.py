@@ -3,6 +3,7 @@ an OS the README does not list refused by name, wheel platform tags from the tar
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -85,8 +86,8 @@ def test_the_default_os_is_the_profiles_target() -> None:
 @pytest.mark.parametrize(
     ("os", "message"),
     [
-        ("ubuntu-20.04", "--os ubuntu-20.04: ubuntu 20.04 is not a supported OS; bundles are built for "
-                         "Ubuntu 24.04, Ubuntu 22.04, Debian 12 (README)"),
+        ("ubuntu-20.04", ("--os ubuntu-20.04: ubuntu 20.04 is not a supported OS; bundles are built for "
+                          "Ubuntu 24.04, Ubuntu 22.04, Debian 12 (README)")),
         ("debian-13", "debian 13 is not a supported OS"),
         ("rhel-9", "rhel 9 is not a supported OS"),
     ],
@@ -98,7 +99,7 @@ def test_an_os_the_readme_does_not_list_is_refused_by_name(os: str, message: str
 
 def test_a_profile_without_os_section_takes_only_its_own_os() -> None:
     assert load_profile("test", "debian-12").os == "debian-12"  # its target (labctl bundle lock --os)
-    with pytest.raises(ProfileError, match="has no os: section, so --os ubuntu-24.04 cannot be chosen"):
+    with pytest.raises(ProfileError, match=re.escape("has no os: section, so --os ubuntu-24.04 cannot be chosen")):
         load_profile("test", "ubuntu-24.04")
 
 
@@ -110,13 +111,13 @@ def _write(tmp_path: Path, text: str) -> str:
 
 def test_an_os_entry_for_an_unlisted_os_is_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, "target: {os: debian, release: '12'}\nos:\n  debian-12: {}\n  ubuntu-20.04: {}\n")
-    with pytest.raises(ProfileError, match="os.ubuntu-20.04: ubuntu 20.04 is not a supported OS"):
+    with pytest.raises(ProfileError, match=re.escape("os.ubuntu-20.04: ubuntu 20.04 is not a supported OS")):
         load_profile(path)
 
 
 def test_an_os_entry_must_target_its_os(tmp_path: Path) -> None:
     path = _write(tmp_path, "target: {os: debian, release: '12'}\nos:\n  debian-12: {}\n  ubuntu-24.04: {}\n")
-    with pytest.raises(ProfileError, match="os.ubuntu-24.04: its target must be ubuntu-24.04"):
+    with pytest.raises(ProfileError, match=re.escape("os.ubuntu-24.04: its target must be ubuntu-24.04")):
         load_profile(path, "ubuntu-24.04")
 
 
@@ -125,12 +126,12 @@ def test_database_mode_is_refused_where_node_is_too_old(tmp_path: Path) -> None:
     commit = "393aa359c9ad4a4bb28630fb5613f9c281cde053"
     path = _write(tmp_path, "target: {os: ubuntu, release: '22.04'}\n"
                             f"prisma: {{cli_version: '5.17.0', engine_commit: {commit}}}\n")
-    with pytest.raises(ProfileError, match="prisma: Ubuntu 22.04 ships Node.js 12.22; Prisma's CLI needs 16.13 or newer"):
+    with pytest.raises(ProfileError, match=re.escape("prisma: Ubuntu 22.04 ships Node.js 12.22; Prisma's CLI needs 16.13 or newer")):
         load_profile(path)
 
 
 def test_another_python_must_come_from_the_bundle(tmp_path: Path) -> None:
     path = _write(tmp_path, "target: {os: ubuntu, release: '22.04', python: '3.11'}\napt: {packages: [python3.11]}\n")
-    with pytest.raises(ProfileError, match="must carry python3.11-venv, python3.11-dev"):
+    with pytest.raises(ProfileError, match=re.escape("must carry python3.11-venv, python3.11-dev")):
         load_profile(path)
     assert os_release("ubuntu", "22.04").pythons == ("3.10", "3.11")

@@ -10,8 +10,9 @@ import os
 import re
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ansible.errors import AnsibleFilterError
@@ -27,7 +28,7 @@ sys.path.insert(0, str(REPO / "roles" / "preflight" / "filter_plugins"))
 from preflight_tls import labctl_preflight_read_file, labctl_preflight_tls_problems  # noqa: E402
 from tls_filters import labctl_tls_epoch, labctl_tls_name_constraints, labctl_tls_outside, labctl_tls_sans  # noqa: E402
 
-NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 FILES = {"cert": "/lab/gw01.crt", "key": "/lab/gw01.key", "ca": "/lab/ca.crt"}
 PEM = serialization.Encoding.PEM
 
@@ -57,7 +58,7 @@ def _cert(key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, ca_key: ec.Elli
 
 
 @pytest.fixture(scope="module")
-def lab() -> dict[str, object]:
+def lab() -> dict[str, Any]:
     ca_key, key = _key(), _key()
     ca = _ca(ca_key)
     return {"ca_key": ca_key, "ca": ca, "ca_pem": ca.public_bytes(PEM).decode(), "key": key, "key_pem": _key_pem(key)}
@@ -67,25 +68,25 @@ def _problems(cert: str, key: str, ca: str, names: list[str] | None = None) -> l
     return labctl_preflight_tls_problems(cert, key, ca, FILES, names or ["gw01", "192.0.2.20"], now=NOW.timestamp())
 
 
-def test_a_good_certificate_passes(lab: dict) -> None:
+def test_a_good_certificate_passes(lab: dict[str, Any]) -> None:
     cert = _cert(lab["key"], lab["ca"], lab["ca_key"], [x509.DNSName("gw01.lab.example"), x509.DNSName("gw01")])
     assert _problems(cert, lab["key_pem"], lab["ca_pem"]) == []
 
 
-def test_an_address_matches_in_any_spelling(lab: dict) -> None:
+def test_an_address_matches_in_any_spelling(lab: dict[str, Any]) -> None:
     import ipaddress
 
     cert = _cert(lab["key"], lab["ca"], lab["ca_key"], [x509.IPAddress(ipaddress.ip_address("192.0.2.20"))])
     assert _problems(cert, lab["key_pem"], lab["ca_pem"], ["192.0.2.20"]) == []
 
 
-def test_a_key_that_is_not_the_certificates_is_named(lab: dict) -> None:
+def test_a_key_that_is_not_the_certificates_is_named(lab: dict[str, Any]) -> None:
     cert = _cert(lab["key"], lab["ca"], lab["ca_key"], [x509.DNSName("gw01")])
     assert _problems(cert, _key_pem(_key()), lab["ca_pem"]) == [
         "lab_tls_key_file /lab/gw01.key is not the key of lab_tls_cert_file /lab/gw01.crt"]
 
 
-def test_an_expired_and_a_future_certificate_are_named(lab: dict) -> None:
+def test_an_expired_and_a_future_certificate_are_named(lab: dict[str, Any]) -> None:
     expired = _cert(lab["key"], lab["ca"], lab["ca_key"], [x509.DNSName("gw01")], timedelta(days=-400), timedelta(days=-1))
     assert _problems(expired, lab["key_pem"], lab["ca_pem"]) == [
         "lab_tls_cert_file /lab/gw01.crt expired on 2026-12-01 12:00 UTC"]
@@ -93,7 +94,7 @@ def test_an_expired_and_a_future_certificate_are_named(lab: dict) -> None:
     assert "is valid only from 2026-12-04 12:00 UTC" in _problems(future, lab["key_pem"], lab["ca_pem"])[0]
 
 
-def test_another_ca_and_other_names_are_named(lab: dict) -> None:
+def test_another_ca_and_other_names_are_named(lab: dict[str, Any]) -> None:
     cert = _cert(lab["key"], lab["ca"], lab["ca_key"], [x509.DNSName("mail.example")])
     other_ca = _ca(_key(), "Other CA").public_bytes(PEM).decode()
     problems = _problems(cert, lab["key_pem"], other_ca)
@@ -101,7 +102,7 @@ def test_another_ca_and_other_names_are_named(lab: dict) -> None:
     assert "names ['mail.example'], none of this host's names ['gw01', '192.0.2.20']" in problems[1]
 
 
-def test_unreadable_files_are_named(lab: dict, tmp_path: Path) -> None:
+def test_unreadable_files_are_named(lab: dict[str, Any], tmp_path: Path) -> None:
     assert _problems("", "", "") == ["lab_tls_cert_file /lab/gw01.crt: missing, unreadable or not a PEM certificate"]
     cert = _cert(lab["key"], lab["ca"], lab["ca_key"], [x509.DNSName("gw01")])
     assert _problems(cert, "", "junk") == [
@@ -113,7 +114,7 @@ def test_unreadable_files_are_named(lab: dict, tmp_path: Path) -> None:
 def test_certificate_names_and_expiry() -> None:
     assert labctl_tls_sans(["gw01", "192.0.2.20", "gw01", "::1", "", "localhost"]) == [
         "DNS:gw01", "IP:192.0.2.20", "IP:::1", "DNS:localhost"]
-    assert labctl_tls_epoch("20271231235959Z") == int(datetime(2027, 12, 31, 23, 59, 59, tzinfo=timezone.utc).timestamp())
+    assert labctl_tls_epoch("20271231235959Z") == int(datetime(2027, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp())
 
 
 # --- the lab CA: name constraints and a passphrase (issue 29, item 6d) ------------------------------
@@ -149,8 +150,13 @@ def _ok(run: subprocess.CompletedProcess[str]) -> str:
 
 
 def _changed(run: subprocess.CompletedProcess[str]) -> int:
-    return sum(int(re.search(r"changed=(\d+)", line).group(1))  # type: ignore[union-attr]
-               for line in _ok(run).splitlines() if " : ok=" in line)
+    total = 0
+    for line in _ok(run).splitlines():
+        if " : ok=" in line:
+            counted = re.search(r"changed=(\d+)", line)
+            assert counted, line
+            total += int(counted.group(1))
+    return total
 
 
 def _verify(ca: Path, cert: Path) -> subprocess.CompletedProcess[str]:
@@ -216,8 +222,8 @@ def test_the_inventorys_domains_and_networks_bound_the_ca(tmp_path: Path) -> Non
     hosts: dict[str, dict[str, object]] = {"gw01.lab.example": {"ansible_host": "192.0.2.10"}}
     outside = _tls_play(tmp_path, hosts, lab_tls_ca_name_constraints=["lab.example", "10.0.0.0/8"])
     assert outside.returncode != 0
-    assert "lab_tls_ca_name_constraints ['lab.example', '10.0.0.0/8'] leaves out these certificate names: " \
-           "gw01.lab.example: 192.0.2.10" in outside.stdout
+    assert ("lab_tls_ca_name_constraints ['lab.example', '10.0.0.0/8'] leaves out these certificate names: "
+            "gw01.lab.example: 192.0.2.10") in outside.stdout
     assert not (ca_dir / "ca.key").exists()  # refused before anything was made
     bad = _tls_play(tmp_path, hosts, lab_tls_ca_name_constraints=["*.lab.example"])
     assert bad.returncode != 0 and "lab_tls_ca_name_constraints: '*.lab.example' is neither a DNS name" in bad.stdout
@@ -260,7 +266,7 @@ def test_an_existing_unconstrained_ca_is_reissued_with_the_same_key(tmp_path: Pa
                                                         serialization.NoEncryption()).decode())
     (ca_dir / "ca.key").chmod(0o600)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "labctl lab CA (unitlab)")])
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     old_ca = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(ca_key.public_key())
               .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(days=100))
               .not_valid_after(now + timedelta(days=3000))
@@ -308,8 +314,8 @@ def test_the_constraint_check_agrees_with_openssl(tmp_path: Path, name: str) -> 
     subtrees: list[x509.GeneralName] = [x509.DNSName(c[4:]) if c.startswith("DNS:") else x509.IPAddress(ipaddress.ip_network(c[3:]))
                                         for c in constraints]
     ca = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(ca_key.public_key())
-          .serial_number(1).not_valid_before(datetime.now(timezone.utc) - timedelta(days=1))
-          .not_valid_after(datetime.now(timezone.utc) + timedelta(days=30))
+          .serial_number(1).not_valid_before(datetime.now(UTC) - timedelta(days=1))
+          .not_valid_after(datetime.now(UTC) + timedelta(days=30))
           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
           .add_extension(x509.NameConstraints(permitted_subtrees=subtrees, excluded_subtrees=None), critical=True)
           .sign(ca_key, hashes.SHA256()))
@@ -320,8 +326,8 @@ def test_the_constraint_check_agrees_with_openssl(tmp_path: Path, name: str) -> 
     leaf_key = _key()
     leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "leaf")]))
             .issuer_name(subject).public_key(leaf_key.public_key()).serial_number(2)
-            .not_valid_before(datetime.now(timezone.utc) - timedelta(days=1))
-            .not_valid_after(datetime.now(timezone.utc) + timedelta(days=10))
+            .not_valid_before(datetime.now(UTC) - timedelta(days=1))
+            .not_valid_after(datetime.now(UTC) + timedelta(days=10))
             .add_extension(x509.SubjectAlternativeName([general]), critical=False).sign(ca_key, hashes.SHA256()))
     (tmp_path / "ca.crt").write_bytes(ca.public_bytes(PEM))
     (tmp_path / "leaf.crt").write_bytes(leaf.public_bytes(PEM))

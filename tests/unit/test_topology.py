@@ -106,7 +106,8 @@ def test_problems_name_the_variable_and_the_host() -> None:
     facts = {"gw": _facts("10.0.0.1"), "gpu1": _facts("10.0.0.2", 2)}
 
     def problems(**given: Any) -> list[str]:
-        return lab_topology(groups, {"gw": PROJECT, "gpu1": {**PROJECT, **given}}, facts)["problems"]
+        found: list[str] = lab_topology(groups, {"gw": PROJECT, "gpu1": {**PROJECT, **given}}, facts)["problems"]
+        return found
 
     assert problems(lab_vllm_replicas=3) == [
         "gpu1: lab_vllm_replicas=3 x lab_vllm_tensor_parallel_size=1 needs 3 GPUs, but the host has 2 (labctl_gpu_facts)"]

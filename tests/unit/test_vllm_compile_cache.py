@@ -27,11 +27,11 @@ def _torch_source(member: str) -> str:
         return whl.read(member).decode()
 
 
-def test_the_private_tmp_keeps_nothing_the_pinned_torch_reuses():
+def test_the_private_tmp_keeps_nothing_the_pinned_torch_reuses() -> None:
     """Inductor's precompiled headers go to default_cache_dir(), i.e. $TMPDIR/torchinductor_<user>,
     whatever TORCHINDUCTOR_CACHE_DIR says: the unit binds a persistent directory exactly there."""
     codecache = _torch_source("torch/_inductor/codecache.py")
-    assert re.search(r'^_HEADER_DIR = os\.path\.join\(default_cache_dir\(\), "precompiled_headers"\)$', codecache, re.M)
+    assert re.search(r'^_HEADER_DIR = os\.path\.join\(default_cache_dir\(\), "precompiled_headers"\)$', codecache, re.MULTILINE)
     cache_dir_utils = _torch_source("torch/_inductor/runtime/cache_dir_utils.py")
     default = cache_dir_utils[cache_dir_utils.index("def default_cache_dir"):cache_dir_utils.index("def triton_cache_dir")]
     assert "tempfile.gettempdir()" in default and '"torchinductor_" + sanitized_username' in default
@@ -41,7 +41,7 @@ def test_the_private_tmp_keeps_nothing_the_pinned_torch_reuses():
     assert "BindPaths=-{{ vllm_cache_root }}:/tmp/torchinductor_{{ vllm_user }}" in UNIT
 
 
-def test_every_cache_variable_points_under_the_persistent_cache_root():
+def test_every_cache_variable_points_under_the_persistent_cache_root() -> None:
     values = dict(line.split("=", 1) for line in ENV.splitlines() if "=" in line and not line.startswith(("#", "{")))
     for name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         assert values[name].startswith("{{ vllm_cache_root }}"), name

@@ -263,7 +263,7 @@ def _verify(tmp_path: Path, unit: str, drop_in: str) -> subprocess.CompletedProc
     """systemd's reading of vllm@4.service with its drop-in (vllm@4.service.d/, found beside it)."""
     if shutil.which("systemd-analyze") is None:
         pytest.fail("systemd-analyze is missing: make test installs systemd (scripts/ensure-host-tools.sh)")
-    (tmp_path / "vllm@.service").write_text(re.sub(r"^(Exec\w+=[-+!@:]*)/\S+", r"\1/bin/true", unit, flags=re.M))
+    (tmp_path / "vllm@.service").write_text(re.sub(r"^(Exec\w+=[-+!@:]*)/\S+", r"\1/bin/true", unit, flags=re.MULTILINE))
     (tmp_path / "vllm@4.service.d").mkdir(exist_ok=True)
     (tmp_path / "vllm@4.service.d" / "labctl-numa.conf").write_text(drop_in)
     env = dict(os.environ, SYSTEMD_UNIT_PATH=f"{tmp_path}:")
@@ -305,7 +305,7 @@ def test_the_role_binds_only_what_the_topology_bound() -> None:
     """vars/main.yml: the bound replicas are the plan's with numa_cpus, none with vllm_numa_policy none;
     configure.yml writes their drop-ins, removes the others' and restarts whichever changed."""
     bound = (ROLE / "vars" / "main.yml").read_text()
-    expression = re.search(r'^__vllm_numa_bound: "\{\{ (.*) \}\}"$', bound, re.M)
+    expression = re.search(r'^__vllm_numa_bound: "\{\{ (.*) \}\}"$', bound, re.MULTILINE)
     assert expression, bound
     env = jinja2.Environment()
     plan = _plan(2, {"gpu_numa_nodes": [0, -1], "numa_node_cpus": {"0": "0-7"}})["replicas"]

@@ -29,7 +29,7 @@ def _name(text: str) -> x509.Name:
 def make_pki(directory: Path, name: str = "lab", addresses: tuple[str, ...] = ("127.0.0.1",)) -> Pki:
     """<directory>/<name>-ca.crt, and <name>-server.crt/.key signed by it for ``addresses``."""
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca = (x509.CertificateBuilder().subject_name(_name(f"{name} test CA")).issuer_name(_name(f"{name} test CA"))
           .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())

@@ -92,7 +92,7 @@ def tampered_copy(tmp_path: Path) -> Path:
 
 
 def test_tampered_bundle_on_control_node_is_refused_before_any_change(host, tampered_copy: Path):
-    deb = sorted((tampered_copy / "apt" / "pool").glob("*.deb"))[0]
+    deb = min((tampered_copy / "apt" / "pool").glob("*.deb"))
     data = bytearray(deb.read_bytes())
     data[len(data) // 2] ^= 0x01
     deb.write_bytes(bytes(data))

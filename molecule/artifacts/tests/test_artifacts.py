@@ -103,7 +103,7 @@ def test_model_revision_is_complete_and_current(host):
 
 def test_model_files_are_root_owned_and_read_only_for_others(host):
     for line in host.check_output(f"find {MODEL}/r1 -printf '%y %u %g %m %P\\n'").splitlines():
-        kind, user, group, mode, path = (line.split(" ", 4) + [""])[:5]
+        kind, user, group, mode, _path = (line.split(" ", 4) + [""])[:5]
         assert (user, group) == ("root", "root"), line
         assert mode == ("755" if kind == "d" else "644"), line
 

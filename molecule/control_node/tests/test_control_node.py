@@ -57,6 +57,16 @@ def _fresh(host) -> None:
     host.run_test(f"install -o {USER} -g {USER} -m 0644 /dev/null {STUB_LOG}")
 
 
+def _until(condition, what: str, timeout: float = 60) -> None:
+    """Wait for ``condition`` by the clock, not by a count of tries: under load (make test runs two
+    scenarios at once) each look into the container takes longer."""
+    deadline = time.time() + timeout
+    while not condition():
+        if time.time() > deadline:
+            pytest.fail(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.25)
+
+
 def _wait_for_notification(host, timeout: float = 60) -> None:
     """OnFailure= starts the notify unit after the failed one: wait until it ran to its end."""
     deadline = time.time() + timeout
@@ -104,7 +114,7 @@ def _playbook(**extra: object) -> subprocess.CompletedProcess[str]:
 def _recap(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
     match = re.search(r"ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", result.stdout)
     assert match, result.stdout[-3000:] + result.stderr[-2000:]
-    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, match.groups())))
+    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, match.groups()), strict=True))
 
 
 def test_units_script_and_settings_are_installed(host):
@@ -240,16 +250,10 @@ def test_webhook_gets_the_json_document(host):
     host.run("systemctl stop labctl-test-hook.service")
     host.run_test("systemd-run --unit labctl-test-hook --collect python3 /tmp/hook.py 18089 /tmp/hook.json")
     try:
-        for _ in range(40):
-            if host.file("/tmp/hook.ready").exists:
-                break
-            time.sleep(0.25)
+        _until(lambda: host.file("/tmp/hook.ready").exists, "the webhook listens")
         assert host.run(f"systemctl start {DRIFT}").rc != 0
         _wait_for_notification(host)
-        for _ in range(40):
-            if host.file("/tmp/hook.json").exists:
-                break
-            time.sleep(0.25)
+        _until(lambda: host.file("/tmp/hook.json").exists, "the webhook got the document")
         content_type, _, body = host.file("/tmp/hook.json").content_string.partition("\n")
         assert content_type == "application/json"
         document = json.loads(body)
@@ -276,10 +280,7 @@ def test_changed_schedule_restarts_the_timer_not_a_running_run(host):
     _fresh(host)
     _stub(host, drift_exit=0, drift_sleep=300)
     host.run_test(f"systemctl start --no-block {DRIFT}")
-    for _ in range(40):
-        if _show(host, DRIFT, "ActiveState") == "activating":
-            break
-        time.sleep(0.25)
+    _until(lambda: _show(host, DRIFT, "ActiveState") == "activating", f"{DRIFT} is running")
     pid = _show(host, DRIFT, "MainPID")
     assert pid != "0"
     try:
@@ -304,8 +305,10 @@ def test_changed_schedule_restarts_the_timer_not_a_running_run(host):
 @pytest.mark.parametrize(("extra", "named"), [
     ({"control_node_inventory": "/nonexistent/inventory"}, "control_node_inventory: /nonexistent/inventory does not exist"),
     ({"control_node_inventory": "inventories/lab"}, "control_node_inventory must be the absolute path"),
-    ({"control_node_drift_schedule": "nightly at three"}, "control_node_drift_schedule: 'nightly at three' is not a systemd calendar event"),
-    ({"control_node_labctl": "/opt/labctl/inventories/lab/hosts.yml"}, "control_node_labctl: /opt/labctl/inventories/lab/hosts.yml is not an executable"),
+    ({"control_node_drift_schedule": "nightly at three"},
+     "control_node_drift_schedule: 'nightly at three' is not a systemd calendar event"),
+    ({"control_node_labctl": "/opt/labctl/inventories/lab/hosts.yml"},
+     "control_node_labctl: /opt/labctl/inventories/lab/hosts.yml is not an executable"),
     ({"control_node_user": "nosuchuser"}, "control_node_user: no user nosuchuser"),
     ({"control_node_timeout": "two hours"}, "control_node_timeout: 'two hours' is not a systemd time span"),
     ({"control_node_user": "root"}, "control_node_user=root is root: the runs would execute the checkout's code"),

@@ -183,7 +183,8 @@ def test_the_dump_restores_into_a_fresh_database(host):
         assert restored.rc == 0, restored.stderr
         rows = host.check_output(as_postgres, f"psql -d {fresh} -XtAc 'SELECT x FROM labctl_probe'")
         assert set(rows.split()) == {"42"}, rows
-        owner = host.check_output(as_postgres, f"psql -d {fresh} -XtAc \"SELECT tableowner FROM pg_tables WHERE tablename = 'labctl_probe'\"")
+        owner = host.check_output(
+            as_postgres, f"psql -d {fresh} -XtAc \"SELECT tableowner FROM pg_tables WHERE tablename = 'labctl_probe'\"")
         assert owner == "litellm"
     finally:
         host.run(as_postgres, f"dropdb --if-exists {fresh}")
@@ -235,7 +236,7 @@ def test_redis_is_bound_to_loopback_only(host, redis_password):
     assert _listeners(host, 6379) <= {"127.0.0.1", "[::1]"}, _listeners(host, 6379)
     config = host.check_output(
         "REDISCLI_AUTH=%s redis-cli -h 127.0.0.1 -p 6379 --raw config get %s", redis_password, "*").splitlines()
-    settings: dict[str, Any] = dict(zip(config[::2], config[1::2]))
+    settings: dict[str, Any] = dict(zip(config[::2], config[1::2], strict=False))
     assert settings["protected-mode"] == "yes"
     assert settings["maxmemory-policy"] == "allkeys-lru"
     assert settings["maxmemory"] == str(2 * 1024**3)

@@ -108,22 +108,23 @@ BAD_RUNS = {
              "-e", "lab_python=python3.12"],
 }
 BAD_CASES = {
-    "replicas-above-gpus": ("plan", ["lab_vllm_replicas=3 x lab_vllm_tensor_parallel_size=1 needs 3 GPUs, but the host has 2 (labctl_gpu_facts)"]),
+    "replicas-above-gpus": ("plan", [
+        "lab_vllm_replicas=3 x lab_vllm_tensor_parallel_size=1 needs 3 GPUs, but the host has 2 (labctl_gpu_facts)"]),
     "duplicate-ports": ("plan", ["port clash: vLLM replica 1 (lab_vllm_base_port+1) and lab_litellm_port all use port 8001"]),
     "closed-modules": ("plan", ["nvidia_driver_kernel_modules"]),
     "mistyped-variable": ("plan", ["unknown variable nvidia_driver_brnach (did you mean nvidia_driver_branch?)"]),
     "driver-too-old": ("host", ["lab_nvidia_driver_branch=570 is too old"]),
     # labctl plan's numbers for 2 x H200 at 0.46 (tests/unit/test_plan.py checks the same line)
     "kv-cache-below-one-sequence": ("host", [
-        "memory plan (labctl plan): replicas 0, 1: KV cache holds 46,155 tokens, less than one vllm_max_model_len "
-        "(128,000) sequence: vLLM refuses to start; lower vllm_max_model_len to 46,155"]),
+        ("memory plan (labctl plan): replicas 0, 1: KV cache holds 46,155 tokens, less than one vllm_max_model_len "
+         "(128,000) sequence: vLLM refuses to start; lower vllm_max_model_len to 46,155")]),
     # The key Debian's dkms signs with (made at its first build), and Debian's way to enrol it.
     "secure-boot-without-key": ("host", [
-        "Secure Boot is on and /var/lib/dkms/mok.pub is not enrolled (mokutil is not installed): the kernel will refuse "
-        "the DKMS-built NVIDIA modules", "mokutil --import /var/lib/dkms/mok.pub"]),
+        ("Secure Boot is on and /var/lib/dkms/mok.pub is not enrolled (mokutil is not installed): the kernel will refuse "
+         "the DKMS-built NVIDIA modules"), "mokutil --import /var/lib/dkms/mok.pub"]),
     "database-mode-without-node": ("host", [
-        "lab_litellm_database_mode=true is not supported on Debian 12: Debian 12 stands in for Ubuntu 22.04 here; "
-        "set lab_litellm_database_mode: false"]),
+        ("lab_litellm_database_mode=true is not supported on Debian 12: Debian 12 stands in for Ubuntu 22.04 here; "
+         "set lab_litellm_database_mode: false")]),
     "bundle-for-another-python": ("host", [
         "holds wheels for Python 3.11 (debian-12), but lab_python=python3.12 is Python 3.12 here"]),
 }

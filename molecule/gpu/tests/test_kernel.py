@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -62,7 +63,7 @@ def _patch(bundle: Path) -> subprocess.CompletedProcess[str]:
                      "-e", "lab_bundle_dir=/srv/labctl/bundle", "-e", f"lab_bundle_src={bundle}")
 
 
-def _gpus(host) -> subprocess.CompletedProcess[str]:
+def _gpus(host) -> Any:  # testinfra's CommandResult
     return host.run("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader")
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,7 +165,8 @@ def test_gateway_config_lists_the_four_replicas_of_both_hosts():
     bases = {line.split(":", 1)[1].strip().strip('"') for line in config.splitlines() if line.strip().startswith("api_base:")}
     assert bases == {url + "/v1" for url in REPLICAS.values()}
     for (name, index), url in REPLICAS.items():
-        models = json.loads(_py(GW, REPLICA_REQUEST + f"print(urllib.request.urlopen(replica({url + '/v1/models'!r}), timeout=30).read().decode())"))
+        models = json.loads(_py(GW, REPLICA_REQUEST
+                                + f"print(urllib.request.urlopen(replica({url + '/v1/models'!r}), timeout=30).read().decode())"))
         assert [m["id"] for m in models["data"]] == [f"{PUBLIC}-{name}-{index}", PUBLIC]
 
 
@@ -173,7 +175,7 @@ def test_gateway_routes_across_all_four_replicas():
     before = _successes(urls)
     codes = _through_gateway(40)
     after = _successes(urls)
-    grown = {f"{h}/{i}": a - b for ((h, i), a, b) in zip(REPLICAS, after, before)}
+    grown = {f"{h}/{i}": a - b for ((h, i), a, b) in zip(REPLICAS, after, before, strict=False)}
     _report(requests_per_replica=grown)
     assert codes == [200] * 40
     assert sum(grown.values()) == 40, grown
@@ -415,7 +417,7 @@ for url in {down_urls!r}:
     codes: list[int] = []
     for _ in range(4):
         codes += _through_gateway(10)
-        back_grown = [a - b for a, b in zip(_successes(down_urls), before_back)]
+        back_grown = [a - b for a, b in zip(_successes(down_urls), before_back, strict=False)]
         if sum(back_grown) > 0:
             break
         time.sleep(5)
@@ -576,7 +578,7 @@ def _patch(bundle: Path, state: Path) -> tuple[subprocess.CompletedProcess[str],
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=2400, check=False, cwd=REPO,
                          env=os.environ | {"LABCTL_STATE_DIR": str(state)})
     lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    summary = next((line for line in lines if line.get("event") == "summary"), {})
+    summary: dict[str, Any] = next((line for line in lines if line.get("event") == "summary"), {})
     reports = []
     events = state / "runs" / str(summary.get("id")) / "events.jsonl"
     if not events.is_file():
@@ -622,7 +624,7 @@ def test_security_updates_patch_one_host_at_a_time_each_drained_first(tmp_path: 
     _docker("exec", GPU_HOSTS[1], "touch", "/run/reboot-required")
     with _watched("patch") as seen:
         started = time.time()
-        run, reports, summary = _patch(bundle, tmp_path / "state")
+        run, reports, _summary = _patch(bundle, tmp_path / "state")
         took = time.time() - started
     requests, samples = seen["requests"], seen["samples"]
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
@@ -668,4 +670,4 @@ def test_security_updates_patch_one_host_at_a_time_each_drained_first(tmp_path: 
     again, again_reports, again_summary = _patch(bundle, tmp_path / "state")
     assert again.returncode == 0, again.stdout[-3000:]
     assert again_reports == []
-    assert {h: s["changed"] for h, s in again_summary["hosts"].items()} == {h: 0 for h in [GW, *GPU_HOSTS]}, again_summary
+    assert {h: s["changed"] for h, s in again_summary["hosts"].items()} == dict.fromkeys([GW, *GPU_HOSTS], 0), again_summary

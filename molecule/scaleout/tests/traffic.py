@@ -2,8 +2,9 @@
 """Steady traffic through the gateway while a GPU host goes away (copied into the gateway host).
 
 SENDERS threads each send one chat completion after another with the master key until the stop
-file appears; while STOP_FILE.slow exists, each waits 5 s between requests instead of 0.2 s. Every request is recorded with its start and end time and its outcome, so the test
-can tell the requests that were in flight when the host went down from those sent after.
+file appears; while STOP_FILE.slow exists, each waits 5 s between requests instead of 0.2 s. Every
+request is recorded with its start and end time and its outcome, so the test can tell the requests
+that were in flight when the host went down from those sent after.
 usage: traffic.py LITELLM_ENV_FILE MODEL STOP_FILE OUT_FILE SENDERS
 """
 import json
@@ -14,11 +15,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 key_file, model, stop_file, out_file, senders = sys.argv[1:]
-key = next(line.split("=", 1)[1].strip() for line in open(key_file) if line.startswith("LITELLM_MASTER_KEY="))
+with open(key_file) as env:
+    key = next(line.split("=", 1)[1].strip() for line in env if line.startswith("LITELLM_MASTER_KEY="))
 CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")  # the lab CA (roles/tls)
-requests = []
+requests: list[dict[str, Any]] = []
 lock = threading.Lock()
 
 

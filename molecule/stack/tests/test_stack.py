@@ -113,6 +113,7 @@ def _traffic(host, name: str = "traffic") -> Iterator[dict]:
     host.run_test("cat > /tmp/traffic.py <<'EOF'\n" + script + "\nEOF")
     subprocess.run(["docker", "exec", "-d", host.check_output("hostname"), "python3", "/tmp/traffic.py", ENV_FILE,
                     PUBLIC, stop, out, *REPLICAS.values()], check=True)
+    since = host.check_output("date '+%Y-%m-%d %H:%M:%S'")
     time.sleep(3)
     summary: dict = {}
     try:
@@ -124,6 +125,12 @@ def _traffic(host, name: str = "traffic") -> Iterator[dict]:
                 break
             time.sleep(1)
         summary.update(json.loads(host.file(out).content_string))
+        if summary.get("failed"):
+            # What the gateway logged about them (an unhandled exception's traceback), so that the
+            # assertion's message names the cause wherever the run's forensics are out of reach.
+            journal = host.run(f"journalctl -u litellm.service --since '{since}' --no-pager -o cat"
+                               " | grep -E -B2 -A25 'Unhandled exception|Traceback|labctl_' | tail -n 80").stdout
+            summary["failed"] = [f"litellm journal since {since}:\n{journal}", *summary["failed"]]
 
 
 def _secrets(host) -> list[str]:
@@ -238,7 +245,9 @@ def test_the_gateway_speaks_https_only_with_the_lab_ca(host):
     ca_key = SECRETS_DIR / "tls" / "ca.key"
     assert oct(ca_key.stat().st_mode & 0o777) == "0o600"
     metric = host.file("/var/lib/prometheus/node-exporter/labctl_tls.prom").content_string
-    expiry = float(re.search(r'^labctl_tls_cert_not_after_timestamp_seconds\{[^}]*source="lab-ca"\} (\d+)$', metric, re.M).group(1))
+    found = re.search(r'^labctl_tls_cert_not_after_timestamp_seconds\{[^}]*source="lab-ca"\} (\d+)$', metric, re.MULTILINE)
+    assert found, metric
+    expiry = float(found.group(1))
     assert 390 * 86400 < expiry - time.time() < 398 * 86400, metric
 
 
@@ -274,9 +283,11 @@ def test_the_replica_unit_is_hardened_but_keeps_the_gpus(host):
         assert setting in lines, (setting, shown)
     assert "CapabilityBoundingSet=" in lines, shown
     assert "char-nvidia* rw" in shown, shown
-    assert re.search(r"^SystemCallErrorNumber=(EPERM|1)$", shown, re.M), shown
+    assert re.search(r"^SystemCallErrorNumber=(EPERM|1)$", shown, re.MULTILINE), shown
     # The filter as systemd expanded it: an allow-list holding the calls a CPU replica makes.
-    allowed = re.search(r"^SystemCallFilter=(.*)$", shown, re.M).group(1).split()
+    syscalls = re.search(r"^SystemCallFilter=(.*)$", shown, re.MULTILINE)
+    assert syscalls, shown[:400]
+    allowed = syscalls.group(1).split()
     assert allowed and allowed[0] != "~" and {"ioctl", "mmap", "sched_setaffinity", "mbind"} <= set(allowed), shown[:400]
     assert "ptrace" not in allowed and "mount" not in allowed and "kexec_load" not in allowed
     # What the kernel holds the running replica to: its cgroup's device list (the devices
@@ -516,7 +527,7 @@ def test_a_loading_replica_gets_no_request(host):
         assert host.run("python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8001/health', timeout=2)\"").rc != 0
         before = _successes(host, 0)
         outcomes = []
-        for n in range(8):
+        for _ in range(8):
             started = time.monotonic()
             status, text = _http(host, "https://127.0.0.1:4000/v1/chat/completions", _chat(), timeout=20)
             outcomes.append((status, round(time.monotonic() - started, 1), text[:200]))

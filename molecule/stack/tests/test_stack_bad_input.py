@@ -23,14 +23,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_stack import ENV_FILE, PUBLIC, REPLICAS, _main_pids, _report, _site  # the scenario's helpers (same directory)
 
 from labctl.bundle.gpg import SigningKey
 from labctl.paths import default_key_dir
-from test_stack import ENV_FILE, PUBLIC, REPLICAS, _main_pids, _report, _site  # the scenario's helpers (same directory)
 
 BUNDLE = Path(os.environ["LABCTL_BUNDLE"])
 MODEL = "models/tiny-llama/r1"
@@ -132,7 +133,7 @@ class Run:
 def _bad_tls_files() -> list[str]:
     """The lab's "own" certificate, gone wrong twice over: expired yesterday, and the key given is
     another key (control-node files, made with the cryptography library labctl's venv has)."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -140,7 +141,7 @@ def _bad_tls_files() -> list[str]:
     from cryptography.x509.oid import NameOID
 
     where = Path(tempfile.mkdtemp(prefix="bad-tls-"))
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     ca_key, key, other = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bad-input test CA")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
@@ -164,7 +165,8 @@ PREFLIGHT = "preflight : Stop on any problem"
 NO_SECRETS = Path(tempfile.mkdtemp(prefix="labctl-no-secrets-"))
 RUNS = {
     # Variables, GPUs, ports, disk and a well-signed bundle with a wrong tokenizer file.
-    "preflight": Run(["-e", "vllm_replica_count=3", "-e", "vlm_max_model_len=256", "-e", "lab_vllm_replicas=3", "-e", "lab_litellm_port=8001",
+    "preflight": Run(["-e", "vllm_replica_count=3", "-e", "vlm_max_model_len=256", "-e", "lab_vllm_replicas=3",
+                      "-e", "lab_litellm_port=8001",
                       "-e", f"lab_model_root={FULL}/models", "-e", "preflight_disk_headroom_gib=0", *_bad_tls_files(),
                       "-e", json.dumps({"lab_app_keys": [{"name": "notebook", "class": "urgent", "sha256": "0" * 64}],
                                         "lab_firewall_client_networks": ["192.168.0.0/16", "10.1.2.3/8"],
@@ -196,7 +198,8 @@ CASES = {
     "ssh-open-to-every-address": ("preflight", ["SSH would stay open to every address: this run does not come over SSH"]),
     "ufw-on": ("preflight", ["ufw is active: a connection would have to pass its rules and labctl's firewall both"]),
     "wrong-tiktoken": ("preflight", ["has a wrong tiktoken/o200k_base.tiktoken: sha256 223921b7", "openai-harmony expects 446a9538"]),
-    "bundle-without-the-model": ("no-model", ["has no model tiny-llama revision r1 (lab_model_name, lab_model_revision): it carries no model at all"]),
+    "bundle-without-the-model": ("no-model", [
+        "has no model tiny-llama revision r1 (lab_model_name, lab_model_revision): it carries no model at all"]),
     "secrets-dir-not-the-labs": ("secrets", [f"lab_secrets_dir={NO_SECRETS} has no secrets-id",
                                              "rotate the master and salt keys under the running service"]),
     "tampered-bundle": ("verify", ["failed verification (2 problem(s))", "modified: apt/pool/", ".deb (sha256 expected "]),
@@ -285,10 +288,10 @@ def test_bad_input_stops_the_run_before_anything_changes(host, case: str) -> Non
     for text in expected:
         assert text in out, f"{text!r} not in the output:\n{out[-4000:]}"
     name = host.check_output("hostname")
-    recap = re.search(rf"^{re.escape(name)}\s+: ok=\d+\s+changed=(\d+)\s+unreachable=0\s+failed=(\d+)", out, re.M)
+    recap = re.search(rf"^{re.escape(name)}\s+: ok=\d+\s+changed=(\d+)\s+unreachable=0\s+failed=(\d+)", out, re.MULTILINE)
     assert recap and recap.groups() == ("0", "1"), out[-2000:]
     # It stopped in the check, and no task after it ran.
-    failed_task = re.findall(r"^TASK \[([^\]]+)\]", out.split("fatal: [")[0], re.M)[-1]
+    failed_task = re.findall(r"^TASK \[([^\]]+)\]", out.split("fatal: [")[0], re.MULTILINE)[-1]
     assert failed_task == RUNS[key].stops_in, out[-3000:]
     assert run["pids"][0] == run["pids"][1]
     assert run["files"][0] == run["files"][1]

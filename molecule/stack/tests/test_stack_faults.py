@@ -11,8 +11,7 @@ import json
 import time
 
 import pytest
-
-from test_stack import REPLICAS, _py, _report, _traffic  # noqa: E402 - same directory
+from test_stack import REPLICAS, _py, _report, _traffic  # same directory
 
 PROM = "http://127.0.0.1:9090"
 # vllm@.service: RestartSec=30 (vllm_restart_sec), then a warm start of the tiny model on CPU.
@@ -30,7 +29,8 @@ def _healthy(host, url: str) -> bool:
 
 def _replica_down_alerts(host, replica: str) -> list[str]:
     """States (pending, firing) of VllmReplicaDown for one replica, as Prometheus has them now."""
-    alerts = json.loads(_py(host, f"import urllib.request; print(urllib.request.urlopen({PROM + '/api/v1/alerts'!r}, timeout=10).read().decode())"))
+    alerts = json.loads(_py(host, "import urllib.request; "
+                                  f"print(urllib.request.urlopen({PROM + '/api/v1/alerts'!r}, timeout=10).read().decode())"))
     return [a["state"] for a in alerts["data"]["alerts"]
             if a["labels"].get("alertname") == "VllmReplicaDown" and a["labels"].get("replica") == replica]
 

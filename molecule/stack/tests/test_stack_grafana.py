@@ -13,8 +13,9 @@ import json
 import os
 import re
 import subprocess
+from typing import Any
 
-from test_stack import CA_FILE, REPO, SECRETS_DIR  # noqa: E402 - the scenario's helpers (same directory)
+from test_stack import CA_FILE, REPO, SECRETS_DIR  # the scenario's helpers (same directory)
 
 GRAFANA = "https://127.0.0.1:3000"
 ENV = "/etc/labctl/grafana/grafana.env"
@@ -59,7 +60,7 @@ def _requests(host, *requests: tuple[str, str | None, object]) -> list[list]:
     return json.loads(code.stdout)
 
 
-def _get(host, path: str, auth: str | None = "admin") -> tuple[int, object]:
+def _get(host, path: str, auth: str | None = "admin") -> tuple[int, Any]:
     status, _, body = _requests(host, (path, auth, None))[0]
     return status, body
 

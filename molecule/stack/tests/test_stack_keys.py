@@ -10,10 +10,9 @@ import os
 import re
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
-from test_stack import APP_KEYS_MADE, ENV_FILE, LABCTL_STATE, PUBLIC, REPO, SECRETS_DIR, _report  # noqa: E402 - same directory
+from test_stack import APP_KEYS_MADE, ENV_FILE, LABCTL_STATE, PUBLIC, REPO, SECRETS_DIR, _report  # same directory
 
 KEYS_FILE = "/etc/labctl/litellm/app-keys.json"
 STORE = SECRETS_DIR / "app-keys.json"
@@ -23,7 +22,8 @@ STORE = SECRETS_DIR / "app-keys.json"
 _SEND = r"""
 import json, os, ssl, sys, threading, time, urllib.error, urllib.request
 CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")  # the lab CA (roles/tls)
-key, model, count, stream, max_tokens, stop, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5]), sys.argv[6], int(sys.argv[7])
+key, model, count, stream = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
+max_tokens, stop, threads = int(sys.argv[5]), sys.argv[6], int(sys.argv[7])
 out = []
 def one():
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "count to fifty"}], "max_tokens": max_tokens,
@@ -162,13 +162,13 @@ def test_requests_and_spend_per_key_on_metrics(host, keys):
         text = host.check_output("python3 -c %s", "import ssl, urllib.request; print(urllib.request.urlopen(urllib.request.Request("
                                  f"'https://127.0.0.1:4000/metrics/', headers={{'Authorization': 'Bearer {metrics_key}'}}),"
                                  " timeout=30, context=ssl.create_default_context(cafile='/etc/labctl/tls/ca.crt')).read().decode())")
-        if all(re.search(rf'^{m}{{[^}}]*api_key_alias="notebook"', text, re.M)
+        if all(re.search(rf'^{m}{{[^}}]*api_key_alias="notebook"', text, re.MULTILINE)
                for m in ("litellm_requests_metric_total", "litellm_spend_metric_total")):
             break
         time.sleep(1)
     for metric in ("litellm_requests_metric_total", "litellm_spend_metric_total"):
-        samples = re.findall(rf'^{metric}{{[^}}]*api_key_alias="notebook"[^}}]*}} ([0-9.e+-]+)$', text, re.M)
-        assert samples and sum(float(s) for s in samples) > 0, (metric, [l for l in text.splitlines() if metric in l][:5])
+        samples = re.findall(rf'^{metric}{{[^}}]*api_key_alias="notebook"[^}}]*}} ([0-9.e+-]+)$', text, re.MULTILINE)
+        assert samples and sum(float(s) for s in samples) > 0, (metric, [line for line in text.splitlines() if metric in line][:5])
     assert all(key not in text for key in keys.values())
     hashes = [k["sha256"] for k in json.loads(STORE.read_text())["keys"]]
     assert not [h for h in hashes if h in text], "a key's hash on /metrics"

@@ -67,7 +67,7 @@ def _wait_targets_up(host, timeout: float = 90) -> list[dict]:
     deadline = time.time() + timeout
     while True:
         active = _get(host, "/api/v1/targets?state=active")["data"]["activeTargets"]
-        if active and all(t["health"] == "up" for t in active) or time.time() > deadline:
+        if (active and all(t["health"] == "up" for t in active)) or time.time() > deadline:
             return active
         time.sleep(3)
 
@@ -139,6 +139,7 @@ def _label_names_exist(host, selector: str) -> str | None:
     carry every label name it matches on. A rule may match values that only a fault produces
     (exception_status="500"); a renamed metric or label still fails."""
     parsed = promql_parser.parse(selector)
+    assert isinstance(parsed, promql_parser.VectorSelector) and parsed.name, selector  # what selectors() gives
     name = parsed.name
     job = [m for m in parsed.matchers.matchers if m.name == "job"]
     base = name + ("{" + ",".join(f'job="{m.value}"' for m in job) + "}" if job else "")
@@ -155,7 +156,7 @@ def _label_names_exist(host, selector: str) -> str | None:
 def _check_queries(host, queries: list[Query]) -> list[str]:
     results = _prom_queries(host, [q.expr for q in queries])
     problems = []
-    for query, result in zip(queries, results):
+    for query, result in zip(queries, results, strict=False):
         if result.get("status") != "success":
             problems.append(f"{query.source}: {result.get('error')} in {query.expr}")
         elif not result["data"]["result"]:
@@ -190,7 +191,7 @@ def test_every_rule_selector_returns_series(host, traffic):
     checks += [Query(source=q.source, expr=q.source.split(": ", 1)[1]) for q in rules if ": labctl:" in q.source]
     assert len(checks) >= 20
     problems = []
-    for query, result in zip(checks, _prom_queries(host, [q.expr for q in checks])):
+    for query, result in zip(checks, _prom_queries(host, [q.expr for q in checks]), strict=False):
         if result.get("status") != "success":
             problems.append(f"{query.source}: {result.get('error')} in {query.expr}")
         elif not result["data"]["result"]:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from typing import TypedDict
 
 import pytest
-from test_stack import ENV_FILE, REPLICAS, _chat, _labctl, _report  # noqa: E402 - same directory
+from test_stack import ENV_FILE, REPLICAS, _chat, _labctl, _report  # same directory
 
 # A boot, and cold and warm starts of both replicas: minutes of a 2-core machine (make test-extended).
 pytestmark = pytest.mark.extended
@@ -91,7 +92,14 @@ print(json.dumps([time.time(), status, text]))
     return at, status, text
 
 
-def _timestamps(host, unit: str) -> dict[str, int | str]:
+class _Times(TypedDict):
+    active: int
+    main: int
+    restarts: int
+    state: str
+
+
+def _timestamps(host, unit: str) -> _Times:
     out = host.check_output(f"systemctl show -p ActiveEnterTimestampMonotonic -p ExecMainStartTimestampMonotonic "
                             f"-p NRestarts -p ActiveState {unit}")
     values = dict(line.split("=", 1) for line in out.splitlines())

@@ -21,7 +21,7 @@ import time
 
 import pytest
 from gateway_requests import tool_calls_script  # tests/ (molecule/conftest.py puts it on the path)
-from test_stack import ENV_FILE, PUBLIC, REPLICAS, _main_pids, _report, _site, _traffic  # noqa: E402 - same directory
+from test_stack import ENV_FILE, PUBLIC, REPLICAS, _main_pids, _report, _site, _traffic  # same directory
 
 # The gateway's venv: the openai SDK is one of LiteLLM's dependencies (the bundle's litellm set).
 LITELLM_PYTHON = "/opt/labctl/litellm/current/bin/python"
@@ -102,7 +102,9 @@ def test_each_replica_runs_on_its_gpus_numa_node(host):
         assert f"CPUAffinity={node0}\nNUMAPolicy=bind\nNUMAMask=0\n" in drop_in.content_string, drop_in.content_string
         shown = host.check_output(f"systemctl show vllm@{index} -p NUMAPolicy -p NUMAMask -p CPUAffinity -p DropInPaths")
         assert "NUMAPolicy=bind" in shown.splitlines() and "NUMAMask=0" in shown.splitlines(), shown
-        assert _cpus(re.search(r"^CPUAffinity=(.*)$", shown, re.M).group(1)) == _cpus(node0), shown
+        affinity = re.search(r"^CPUAffinity=(.*)$", shown, re.MULTILINE)
+        assert affinity, shown
+        assert _cpus(affinity.group(1)) == _cpus(node0), shown
         assert DROP_IN.format(index) in shown, shown
         # What the kernel holds every process of the replica to (server, engine core, workers).
         # The unit's own cgroup (systemd's path): the containers see the whole machine's cgroup tree,

@@ -14,10 +14,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
-from test_stack import REPO, SECRETS_DIR, _report, _secrets  # noqa: E402 - same directory
+from test_stack import REPO, SECRETS_DIR, _report, _secrets  # same directory
 
 DNSLOG = "/var/log/labctl-test-dnslog.jsonl"
 RESOLVER_UNIT = "labctl-test-dnslog.service"

@@ -15,11 +15,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from typing import Any
 
 key_file, model, stop_file, out_file, *replicas = sys.argv[1:]
-key = next(line.split("=", 1)[1].strip() for line in open(key_file) if line.startswith("LITELLM_MASTER_KEY="))
+with open(key_file) as env:
+    key = next(line.split("=", 1)[1].strip() for line in env if line.startswith("LITELLM_MASTER_KEY="))
 CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")  # the lab CA (roles/tls)
-results = {"ok": 0, "ok_streamed": 0, "failed": [], "health": [], "both_down": 0, "started": time.time()}
+results: dict[str, Any] = {"ok": 0, "ok_streamed": 0, "failed": [], "health": [], "both_down": 0, "started": time.time()}
 
 
 def one(stream):

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: verify a labctl offline bundle (signature, hashes, extra files)."""
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ description:
     optionally against a pinned key fingerprint, then the size and sha256 of every file the
     manifest lists, and reports files that are missing, modified or not listed.
   - Read-only. Fails with one line per problem, each naming the file.
-  - The checks are the ones C(labctl bundle verify) runs (shared code, module_utils/labctl_bundle.py).
+  - The checks are the ones C(labctl bundle verify) runs (shared code: labctl.module_utils.verifycore).
 options:
   path:
     description: Bundle directory on the host the module runs on.
@@ -85,7 +84,7 @@ problems:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.labctl_bundle import verify_bundle, write_stamp
+from ansible.module_utils.labctl.verifycore import verify_bundle, write_stamp
 
 
 def main() -> None:

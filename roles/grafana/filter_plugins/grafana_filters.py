@@ -8,6 +8,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
+
 def labctl_dashboard_defaults(dashboard: dict[str, Any] | str, values: dict[str, Any]) -> dict[str, Any]:
     """A copy of a Grafana dashboard (a dict, or its JSON text) whose textbox/constant/custom
     variables named in `values` default to those values (e.g. the gateway dashboard's US$ per

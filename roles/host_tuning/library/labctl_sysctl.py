@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: apply kernel parameters live where the kernel lets us."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
@@ -112,7 +112,6 @@ def labctl_virtual_key_request(new: dict[str, Any], keys: list[dict[str, Any]], 
     (new: name and key), its store record's class as the models it reaches, the model API's
     ``routes`` only (allowed_routes), its limits, and its expiry as a duration from now. Refuses a
     key the store does not hold, or whose hash differs."""
-    from datetime import timezone
 
     problem = labctl_new_key_problem(new, keys)
     if problem:
@@ -122,7 +121,7 @@ def labctl_virtual_key_request(new: dict[str, Any], keys: list[dict[str, Any]], 
     body: dict[str, Any] = {"key": new["key"], "key_alias": name, "metadata": {"labctl_key_class": record["class"]},
                             **_virtual_key_settings(record, classes, routes or [], max_parallel)}
     if record.get("expires"):
-        start = datetime.fromisoformat(now) if now else datetime.now(timezone.utc)
+        start = datetime.fromisoformat(now) if now else datetime.now(UTC)
         seconds = int((datetime.fromisoformat(str(record["expires"])) - start).total_seconds())
         if seconds <= 0:
             raise AnsibleFilterError(f"lab_app_keys: key {name} expired at {record['expires']}")

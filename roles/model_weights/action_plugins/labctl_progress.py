@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Action plugin: one progress line of a running async job, read from its progress file.
 
 Documentation and argument spec: library/labctl_progress.py (a stub module for ansible-doc and
@@ -31,8 +30,9 @@ class ActionModule(ActionBase):
     _supports_async = False
 
     def _async_status(self, jid: str, mode: str, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
-        async_dir = self._remote_expand_user(self.get_shell_option("async_dir", default="~/.ansible_async"))
-        return self._execute_module(
+        option = self.get_shell_option("async_dir", default="~/.ansible_async")  # type: ignore[no-untyped-call]
+        async_dir = self._remote_expand_user(option)  # type: ignore[no-untyped-call]
+        return self._execute_module(  # type: ignore[no-any-return]
             module_name="ansible.legacy.async_status",
             module_args={"jid": jid, "mode": mode, "_async_dir": async_dir},
             task_vars=task_vars,
@@ -68,7 +68,7 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         result = super().run(tmp, task_vars)
         del tmp
-        _valid, args = self.validate_argument_spec(
+        _valid, args = self.validate_argument_spec(  # type: ignore[no-untyped-call]
             argument_spec={
                 "jid": {"type": "str", "required": True},
                 "path": {"type": "str", "default": ""},

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: stage one model revision (resumable copy, sha256 verification, verified stamp)."""
 
 from __future__ import annotations
@@ -152,12 +151,12 @@ partials:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.labctl_stage_files import StageError
-from ansible.module_utils.labctl_stage_progress import human_bytes, human_rate
-from ansible.module_utils.labctl_stage_stager import Stager
+from ansible.module_utils.labctl.progress import human_bytes, human_rate
+from ansible.module_utils.labctl.stage_files import StageError
+from ansible.module_utils.labctl.stager import Stager
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "src": {"type": "path"},

@@ -1,6 +1,6 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
-"""Documentation stub of the labctl_progress action plugin (action_plugins/labctl_progress.py)."""
+"""Documentation of the labctl_progress action plugin (action_plugins/labctl_progress.py), which alone
+runs and checks the arguments."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ description:
     C(gpt-oss-120b r1: 12.3 GiB of 61.0 GiB copied, 410 MiB/s, 2 min left) and the files done."
   - Use it with C(until) on C(finished), C(retries) and C(delay=0). The result carries
     C(_ansible_verbose_always), so the default callback prints every retry's line without C(-v).
-  - This file only documents the arguments (for ansible-doc and ansible-lint); running it as a
-    module fails.
+  - This file only documents the arguments (for ansible-doc and ansible-lint); the action plugin
+    validates them. Running it as a module fails.
 options:
   jid:
     description: The async job id (C(ansible_job_id) of the task started with C(async) and C(poll=0)).
@@ -81,23 +81,10 @@ ansible_job_id:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-
-def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "jid": {"type": "str", "required": True},
-            "path": {"type": "str", "default": ""},
-            "label": {"type": "str", "default": ""},
-            "wait": {"type": "int", "default": 5},
-            "cleanup": {"type": "bool", "default": True},
-        },
-        supports_check_mode=True,
-    )
-    module.fail_json(msg="labctl_progress is an action plugin (action_plugins/labctl_progress.py); "
-                         "add action_plugins to the Ansible configuration")
-
-
 if __name__ == "__main__":
-    main()
+    import json
+    import sys
+
+    print(json.dumps({"failed": True, "msg": "labctl_progress is an action plugin (action_plugins/labctl_progress.py); "
+                                              "add action_plugins to the Ansible configuration"}))
+    sys.exit(1)

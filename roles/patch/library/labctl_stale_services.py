@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: the systemd services still running code an upgrade replaced."""
 
 from __future__ import annotations
@@ -60,15 +59,16 @@ files:
 
 import os
 import re
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
 DELETED = " (deleted)"
 
 
-def stale_files(pid, prefixes, proc="/proc"):
+def stale_files(pid: str, prefixes: list[str], proc: str = "/proc") -> set[str]:
     """Replaced files process PID runs: its executable and mapped files marked deleted."""
-    found = set()
+    found: set[str] = set()
     try:
         exe = os.readlink(os.path.join(proc, pid, "exe"))
         if exe.endswith(DELETED) and exe.startswith(tuple(prefixes)):
@@ -89,7 +89,7 @@ def stale_files(pid, prefixes, proc="/proc"):
     return found
 
 
-def service_of(pid, proc="/proc"):
+def service_of(pid: str, proc: str = "/proc") -> str | None:
     """The systemd service of PID from its cgroup path (the last *.service component), or None."""
     try:
         with open(os.path.join(proc, pid, "cgroup"), encoding="utf-8") as cgroup:
@@ -104,8 +104,10 @@ def service_of(pid, proc="/proc"):
     return None
 
 
-def scan(prefixes, exclude, proc="/proc"):
-    services, files, pid1 = set(), {}, False
+def scan(prefixes: list[str], exclude: list[str], proc: str = "/proc") -> dict[str, Any]:
+    services: set[str] = set()
+    files: dict[str, set[str]] = {}
+    pid1 = False
     own = {str(os.getpid()), str(os.getppid())}
     for pid in os.listdir(proc):
         if not pid.isdigit() or pid in own:
@@ -132,12 +134,12 @@ def scan(prefixes, exclude, proc="/proc"):
     }
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(
-            exclude=dict(type="list", elements="str", default=[]),
-            prefixes=dict(type="list", elements="str", default=["/usr/", "/lib/", "/lib64/", "/bin/", "/sbin/", "/opt/"]),
-        ),
+        argument_spec={
+            "exclude": {"type": "list", "elements": "str", "default": []},
+            "prefixes": {"type": "list", "elements": "str", "default": ["/usr/", "/lib/", "/lib64/", "/bin/", "/sbin/", "/opt/"]},
+        },
         supports_check_mode=True,
     )
     for pattern in module.params["exclude"]:

@@ -38,8 +38,8 @@ def labctl_preflight_model_problems(manifest: dict[str, Any], name: str, revisio
         return []
     carried = ", ".join(labctl_preflight_bundle_models(manifest)) or "no model at all"
     return [
-        f"the bundle {bundle} has no model {name} revision {revision} (lab_model_name, lab_model_revision):"
-        f" it carries {carried}; rebuild the bundle with this model (profile section models:) or serve one it carries"
+        (f"the bundle {bundle} has no model {name} revision {revision} (lab_model_name, lab_model_revision):"
+        f" it carries {carried}; rebuild the bundle with this model (profile section models:) or serve one it carries")
     ]
 
 

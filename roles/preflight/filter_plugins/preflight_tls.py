@@ -4,7 +4,7 @@ lab_tls_ca_file): read on the control node, refused before anything changes, nam
 from __future__ import annotations
 
 import ipaddress
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from cryptography import x509
@@ -48,7 +48,7 @@ def labctl_preflight_tls_problems(cert_pem: str, key_pem: str, ca_pem: str, file
 
         if der(key.public_key()) != der(cert.public_key()):
             problems.append(f"lab_tls_key_file {files['key']} is not the key of lab_tls_cert_file {files['cert']}")
-    moment = datetime.fromtimestamp(now, timezone.utc) if now is not None else datetime.now(timezone.utc)
+    moment = datetime.fromtimestamp(now, UTC) if now is not None else datetime.now(UTC)
     if cert.not_valid_after_utc <= moment:
         problems.append(f"lab_tls_cert_file {files['cert']} expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
     elif cert.not_valid_before_utc > moment:

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: read the UEFI Secure Boot state and whether a module-signing key is enrolled."""
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ from ansible.module_utils.basic import AnsibleModule
 SECURE_BOOT_VAR = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 
 
-def secure_boot_state(efivars_dir):
+def secure_boot_state(efivars_dir: str) -> tuple[bool, bool]:
     """(efi, secure_boot) from the SecureBoot variable's file."""
     try:
         with open(os.path.join(efivars_dir, SECURE_BOOT_VAR), "rb") as handle:
@@ -82,28 +81,32 @@ def secure_boot_state(efivars_dir):
 DKMS_KEYS = {
     "Debian": (
         "/var/lib/dkms/mok.pub",
-        "Debian's DKMS signs with /var/lib/dkms/mok.key and the DER certificate /var/lib/dkms/mok.pub, made at its first "
-        "module build: make them first with the command dkms runs (openssl req -new -x509 -nodes -days 36500 -subj "
-        "'/CN=DKMS module signing key' -newkey rsa:2048 -keyout /var/lib/dkms/mok.key -outform DER -out "
-        "/var/lib/dkms/mok.pub), then mokutil --import /var/lib/dkms/mok.pub (packages mokutil and openssl, in the "
-        "bundle), reboot and confirm the key in MokManager at the console",
+        (
+            "Debian's DKMS signs with /var/lib/dkms/mok.key and the DER certificate /var/lib/dkms/mok.pub, made at its first "
+            "module build: make them first with the command dkms runs (openssl req -new -x509 -nodes -days 36500 -subj "
+            "'/CN=DKMS module signing key' -newkey rsa:2048 -keyout /var/lib/dkms/mok.key -outform DER -out "
+            "/var/lib/dkms/mok.pub), then mokutil --import /var/lib/dkms/mok.pub (packages mokutil and openssl, in the "
+            "bundle), reboot and confirm the key in MokManager at the console"
+        ),
     ),
     "Ubuntu": (
         "/var/lib/shim-signed/mok/MOK.der",
-        "Ubuntu's DKMS signs with /var/lib/shim-signed/mok/MOK.priv and MOK.der: make them if missing "
-        "(update-secureboot-policy --new-key), then update-secureboot-policy --enroll-key (or mokutil --import "
-        "/var/lib/shim-signed/mok/MOK.der; packages shim-signed and mokutil, in the bundle), reboot and confirm the "
-        "key in MokManager at the console",
+        (
+            "Ubuntu's DKMS signs with /var/lib/shim-signed/mok/MOK.priv and MOK.der: make them if missing "
+            "(update-secureboot-policy --new-key), then update-secureboot-policy --enroll-key (or mokutil --import "
+            "/var/lib/shim-signed/mok/MOK.der; packages shim-signed and mokutil, in the bundle), reboot and confirm the "
+            "key in MokManager at the console"
+        ),
     ),
 }
 
 
-def dkms_key(distribution):
+def dkms_key(distribution: str) -> tuple[str, str]:
     """(certificate, how to enrol it) of the distribution's DKMS (Debian's for unknown ones)."""
     return DKMS_KEYS.get(distribution, DKMS_KEYS["Debian"])
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "efivars_dir": {"type": "path", "default": "/sys/firmware/efi/efivars"},
@@ -114,7 +117,8 @@ def main():
     )
     module.run_command_environ_update = {"LANG": "C", "LC_ALL": "C"}
     efi, secure_boot = secure_boot_state(module.params["efivars_dir"])
-    enrolled, detail = None, ""
+    enrolled: bool | None = None
+    detail = ""
     default_key, enroll = dkms_key(module.params["distribution"])
     key = module.params["key"] or default_key
     if secure_boot:

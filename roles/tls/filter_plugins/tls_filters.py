@@ -73,7 +73,7 @@ def labctl_tls_name_constraints(explicit: list[str], names: list[str], variable:
     for name in names:
         text = str(name).strip()
         if text:
-            derived.add(_constraint(text[2:] if text.startswith("*.") else text, "the certificate names (tls_names)"))
+            derived.add(_constraint(text.removeprefix("*."), "the certificate names (tls_names)"))
     return _sorted(derived)
 
 

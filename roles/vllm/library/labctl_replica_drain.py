@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: wait until a vLLM replica has no running or waiting request."""
 
 from __future__ import annotations
@@ -73,7 +72,7 @@ from ansible.module_utils.basic import AnsibleModule
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
-def in_flight(text):
+def in_flight(text: str) -> int:
     """Sum of the running and waiting gauges in a Prometheus text exposition."""
     total = 0.0
     for line in text.splitlines():
@@ -85,12 +84,12 @@ def in_flight(text):
     return int(total)
 
 
-def read(url, context=None):
+def read(url: str, context: ssl.SSLContext | None = None) -> int | None:
     """Requests in flight, or None when the replica does not answer. A certificate that does not
     chain to the CA raises ssl.SSLCertVerificationError: the replica answered, and what it holds
     is unknown."""
     try:
-        with urllib.request.urlopen(url + "/metrics", timeout=10, context=context) as response:  # noqa: S310 (the replica's own URL)
+        with urllib.request.urlopen(url + "/metrics", timeout=10, context=context) as response:
             return in_flight(response.read().decode(errors="replace"))
     except ssl.SSLCertVerificationError:
         raise
@@ -102,7 +101,7 @@ def read(url, context=None):
         return None
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "url": {"type": "str", "required": True},

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: the tool-call parsers an installed vLLM registers, and whether it has one."""
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ REGISTRY_DIRS = (("vllm", "tool_parsers"), ("vllm", "entrypoints", "openai", "to
 REGISTRY_NAME = "_TOOL_PARSERS_TO_REGISTER"
 
 
-def _strings(node):
+def _strings(node: ast.AST | None) -> list[str]:
     """The string constants of a call argument: "x" or ["x", "y"]."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [node.value]
@@ -74,20 +73,21 @@ def _strings(node):
     return []
 
 
-def registered_names(sources):
+def registered_names(sources: dict[str, str]) -> list[str]:
     """The parser names in vLLM's tool_parsers sources ({file name: text}): the keys of the
     lazy-registration dict and the names given to register_module(...) (first argument or name=)."""
-    names = set()
+    names: set[str] = set()
     for text in sources.values():
         tree = ast.parse(text)
         for node in ast.walk(tree):
-            target = None
+            target: ast.expr | None = None
+            value: ast.expr | None = None
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
-                target = node.targets[0]
+                target, value = node.targets[0], node.value
             elif isinstance(node, ast.AnnAssign):
-                target = node.target
-            if isinstance(target, ast.Name) and target.id == REGISTRY_NAME and isinstance(node.value, ast.Dict):
-                for key in node.value.keys:
+                target, value = node.target, node.value
+            if isinstance(target, ast.Name) and target.id == REGISTRY_NAME and isinstance(value, ast.Dict):
+                for key in value.keys:
                     names.update(_strings(key))
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr == "register_module"):
@@ -99,7 +99,7 @@ def registered_names(sources):
     return sorted(names)
 
 
-def registry_dir(venv):
+def registry_dir(venv: str) -> str | None:
     """vLLM's tool_parsers directory inside the virtualenv, or None."""
     for site in sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages"))):
         for parts in REGISTRY_DIRS:
@@ -109,8 +109,8 @@ def registry_dir(venv):
     return None
 
 
-def read_sources(path):
-    sources = {}
+def read_sources(path: str) -> dict[str, str]:
+    sources: dict[str, str] = {}
     for name in sorted(os.listdir(path)):
         if name.endswith(".py"):
             with open(os.path.join(path, name)) as handle:
@@ -118,7 +118,7 @@ def read_sources(path):
     return sources
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "venv": {"type": "path", "required": True},

@@ -225,7 +225,7 @@ class IsolatedApt:
         proc = self.run("-s", "install", *packages)
         output = proc.stdout + proc.stderr
         if proc.returncode != 0:
-            names = [n for n in unresolved_names(output)] or list(packages)
+            names = list(unresolved_names(output)) or list(packages)
             errors = apt_errors(output) or [f"exit {proc.returncode}"]
             first = names[0]
             raise BuildError(f"{where(first)}: cannot resolve {', '.join(names)}: {errors[0]}")

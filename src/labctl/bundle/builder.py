@@ -6,12 +6,11 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from labctl import __version__
-from labctl.bundle import verifycore
 from labctl.bundle.apt_stage import BaseSpec, check_base, collect_apt
 from labctl.bundle.aptrepo import write_repo
 from labctl.bundle.errors import BuildError
@@ -21,6 +20,7 @@ from labctl.bundle.prisma_stage import collect_prisma
 from labctl.bundle.staging import Staging
 from labctl.bundle.tiktoken_stage import collect_tiktoken
 from labctl.bundle.wheel_stage import collect_wheels
+from labctl.module_utils import verifycore
 from labctl.paths import private_dir
 from labctl.profile import LoadedProfile
 from labctl.progress import Reporter
@@ -109,7 +109,7 @@ def _manifest(options: BuildOptions, key: SigningKey, components: dict[str, Any]
     return {
         "format_version": verifycore.FORMAT_VERSION,
         "profile": options.profile.name,
-        "created_at": datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "created_at": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
         "builder": {"name": "labctl", "version": __version__},
         "target": {
             "os": target.os,

@@ -9,17 +9,17 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from labctl.bundle import verifycore
 from labctl.bundle.apt_stage import BaseSpec
 from labctl.bundle.builder import BuildOptions, build_bundle
 from labctl.bundle.errors import BuildError
-from labctl.bundle.prisma_stage import NO_SECTION
 from labctl.bundle.locks import write_lock
-from labctl.bundle.prisma_stage import write_prisma_lock
+from labctl.bundle.prisma_stage import NO_SECTION, write_prisma_lock
 from labctl.bundle.wheel_stage import resolve_sets, set_args
+from labctl.module_utils import verifycore
+from labctl.module_utils.progress import human_bytes
 from labctl.paths import CACHE_DIR_ENV, KEY_DIR_ENV, default_cache_dir, default_key_dir
 from labctl.profile import ProfileError, load_profile, profile_oses
-from labctl.progress import human_size, make_reporter
+from labctl.progress import make_reporter
 
 app = typer.Typer(help="Build and verify the signed offline bundle.", no_args_is_help=True)
 
@@ -88,20 +88,20 @@ def build(
         return
     counts, sizes = summary["counts"], summary["sizes"]
     typer.echo(f"bundle {summary['profile']}: {summary['path']}")
-    typer.echo(f"  apt packages: {counts['apt_packages']} ({human_size(sizes['apt'])})")
-    typer.echo(f"  wheels: {counts['wheels']} ({human_size(sizes['wheels'])})")
+    typer.echo(f"  apt packages: {counts['apt_packages']} ({human_bytes(sizes['apt'])})")
+    typer.echo(f"  wheels: {counts['wheels']} ({human_bytes(sizes['wheels'])})")
     if counts["tiktoken"]:
-        typer.echo(f"  tiktoken: {counts['tiktoken']} files ({human_size(sizes['tiktoken'])})")
+        typer.echo(f"  tiktoken: {counts['tiktoken']} files ({human_bytes(sizes['tiktoken'])})")
     for model in summary["models"]:
-        typer.echo(f"  model: {model['name']} {model['revision']}: {model['files']} files ({human_size(model['bytes'])})")
+        typer.echo(f"  model: {model['name']} {model['revision']}: {model['files']} files ({human_bytes(model['bytes'])})")
     prisma = summary["prisma"]
     if prisma["available"]:
-        typer.echo(f"  prisma: CLI and engines, {prisma['files']} files ({human_size(sizes['prisma'])})")
+        typer.echo(f"  prisma: CLI and engines, {prisma['files']} files ({human_bytes(sizes['prisma'])})")
     elif prisma["reason"] != NO_SECTION:
         typer.echo(f"  prisma: absent ({prisma['reason']})")
     for host in summary["updates"]:
         typer.echo(f"  security updates for {host['status']}: {host['security']} ({host['packages']} packages)")
-    typer.echo(f"  files: {counts['files']} ({human_size(sizes['total'])})")
+    typer.echo(f"  files: {counts['files']} ({human_bytes(sizes['total'])})")
     for skipped in summary["skipped"]:
         typer.echo(f"  skipped: apt source {skipped['source']} ({skipped['reason']})")
     typer.echo(f"  signing key: {summary['fingerprint']}")
@@ -164,8 +164,15 @@ def lock(
                 indexes = sorted({pin.index for pin in pins})
                 typer.echo(f"{os_key} {name}: {len(pins)} wheels from {', '.join(indexes)} -> {path}")
             if loaded.spec.prisma is not None and not only:
-                path, count = write_prisma_lock(loaded)
-                typer.echo(f"{os_key} prisma: {count} engine files of {loaded.spec.prisma.engine_commit[:12]} -> {path}")
+                try:
+                    path, count = write_prisma_lock(loaded)
+                except BuildError as exc:
+                    if not loaded.spec.prisma.optional:
+                        raise
+                    typer.echo(f"{os_key} prisma: {exc} (prisma.optional: true; no engine lock written, "
+                               "the build leaves Prisma out)", err=True)
+                else:
+                    typer.echo(f"{os_key} prisma: {count} engine files of {loaded.spec.prisma.engine_commit[:12]} -> {path}")
     except (BuildError, ProfileError) as exc:
         _fail(str(exc))
 
@@ -195,7 +202,7 @@ def verify(
             # Without --fingerprint any self-consistent bundle passes, whoever signed it: say so.
             signer = (f"signed by {report.fingerprint}, the expected key" if fingerprint else
                       f"signed by {report.fingerprint}; the signer was NOT checked: pass --fingerprint with your key's")
-            typer.echo(f"ok: {directory} ({report.files_checked} files, {human_size(report.bytes_checked)}, {signer})")
+            typer.echo(f"ok: {directory} ({report.files_checked} files, {human_bytes(report.bytes_checked)}, {signer})")
             if not fingerprint:
                 typer.echo("warning: the signer was not checked (no --fingerprint): this only proves the bundle is "
                            "self-consistent", err=True)

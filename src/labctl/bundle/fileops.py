@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from labctl.module_utils.sums import Sink, pump
+
 _CHUNK = 1024 * 1024
 
 
@@ -19,18 +21,22 @@ class Hashes:
     md5: str
 
 
+class _All:
+    """Several digests fed as one."""
+
+    def __init__(self, *digests: Sink) -> None:
+        self.digests = digests
+
+    def update(self, data: memoryview, /) -> None:
+        for digest in self.digests:
+            digest.update(data)
+
+
 def copy_hashed(src: Path, dst: Path, advance: Callable[[int], None] | None = None) -> Hashes:
     """Copy ``src`` to ``dst`` (mode and mtime preserved, like shutil.copy2) hashing on the way."""
     sha256, sha1, md5 = hashlib.sha256(), hashlib.sha1(), hashlib.md5()
-    size = 0
-    with src.open("rb") as reader, dst.open("wb") as writer:
-        while chunk := reader.read(_CHUNK):
-            writer.write(chunk)
-            for digest in (sha256, sha1, md5):
-                digest.update(chunk)
-            size += len(chunk)
-            if advance is not None:
-                advance(len(chunk))
+    with src.open("rb", buffering=0) as reader, dst.open("wb", buffering=0) as writer:
+        size = pump(reader, _All(sha256, sha1, md5), writer.write, advance, size=_CHUNK)
     shutil.copystat(src, dst)
     return Hashes(size=size, sha256=sha256.hexdigest(), sha1=sha1.hexdigest(), md5=md5.hexdigest())
 
@@ -53,18 +59,7 @@ def copy_sha256(src: Path, dst: Path, advance: Callable[[int], None] | None = No
     Returns ``(size, sha256)``. For model weights: no sha1/md5 (apt needs those, models do not).
     """
     digest = hashlib.sha256()
-    size = 0
-    buffer = bytearray(BIG_CHUNK)
-    view = memoryview(buffer)
     with src.open("rb", buffering=0) as reader, dst.open("wb", buffering=0) as writer:
-        while count := reader.readinto(buffer):
-            chunk = view[:count]
-            digest.update(chunk)
-            written = 0
-            while written < count:
-                written += writer.write(chunk[written:]) or 0
-            size += count
-            if advance is not None:
-                advance(count)
+        size = pump(reader, digest, writer.write, advance, size=BIG_CHUNK)
     shutil.copystat(src, dst)
     return size, digest.hexdigest()

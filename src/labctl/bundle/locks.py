@@ -32,12 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.markers import InvalidMarker, default_environment
+from packaging.requirements import InvalidRequirement, Requirement
+
 from labctl.bundle.errors import BuildError
 from labctl.bundle.kernels import kernel_wheel_problems
 from labctl.bundle.wheels import parse_wheel_name, pip_download, pip_report
+from labctl.module_utils.sums import sha256_file
 from labctl.paths import private_dir
 from labctl.profile import LoadedProfile, WheelSet
 from labctl.profile import normalize_project as normalize
+from labctl.targets import python_full_version
 
 PYPI = "pypi"
 FIND_LINKS = "find-links:"
@@ -146,13 +151,10 @@ def file_sha256(path: Path) -> str:
         known = _MEMO.get(key)
     if known is not None:
         return known
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
+    digest = sha256_file(str(path))
     with _MEMO_LOCK:
-        _MEMO[key] = digest.hexdigest()
-    return digest.hexdigest()
+        _MEMO[key] = digest
+    return digest
 
 
 def _sha256_of(item: dict[str, Any], path: Path | None) -> str:
@@ -202,6 +204,45 @@ def _pin_of(profile: LoadedProfile, spec: WheelSet, item: dict[str, Any], read_p
     return Pin(project, version, _sha256_of(item, path), PYPI)
 
 
+_MACHINE = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+def target_environment(profile: LoadedProfile) -> dict[str, str]:
+    """PEP 508 marker values of the target's interpreter (pip evaluates markers with its own)."""
+    target = profile.spec.target
+    full = python_full_version(target.os, target.release, target.python)
+    env: dict[str, str] = {key: str(value) for key, value in default_environment().items()}
+    env.update(python_version=target.python, python_full_version=full, implementation_version=full,
+               implementation_name="cpython", platform_python_implementation="CPython", os_name="posix",
+               sys_platform="linux", platform_system="Linux", platform_machine=_MACHINE.get(target.arch, target.arch))
+    return env
+
+
+def unmet_on_target(profile: LoadedProfile, items: list[dict[str, Any]]) -> list[str]:
+    """Requirements of the resolved projects that hold on the target's Python but are not in the
+    resolution: pip judged their markers (python_full_version < "3.11.3": redis needs async-timeout on
+    Debian 12's 3.11.2) by the interpreter it ran on."""
+    env = target_environment(profile)
+    names = {normalize(item["metadata"]["name"]) for item in items}
+    unmet = []
+    for item in items:
+        extras = item.get("requested_extras") or []
+        for line in item["metadata"].get("requires_dist") or []:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if req.marker is None or normalize(req.name) in names:
+                continue
+            try:
+                needed = any(req.marker.evaluate({**env, "extra": extra}) for extra in ["", *extras])
+            except InvalidMarker:
+                continue
+            if needed:
+                unmet.append(f"{normalize(req.name)} ({item['metadata']['name']} requires {line})")
+    return sorted(set(unmet))
+
+
 def make_lock(profile: LoadedProfile, cache: Path, name: str, spec: WheelSet, set_args: list[str],
               read_page: PageReader = index_page) -> list[Pin]:
     """The pins of one set, from pip's report: resolve-only, nothing downloaded."""
@@ -214,6 +255,12 @@ def make_lock(profile: LoadedProfile, cache: Path, name: str, spec: WheelSet, se
     unknown = [project for project in spec.exclude if project not in names]
     if unknown:
         raise BuildError(f"{what}.exclude: {', '.join(unknown)} not in the resolution of {' '.join(spec.requirements)}")
+    unmet = [entry for entry in unmet_on_target(profile, items) if entry.split(" ", 1)[0] not in spec.exclude]
+    if unmet:
+        raise BuildError(f"{what}: the target's python {profile.spec.target.python} "
+                         f"({python_full_version(profile.spec.target.os, profile.spec.target.release, profile.spec.target.python)}) "
+                         f"needs what pip, judging markers by its own interpreter, left out: {'; '.join(unmet)}: "
+                         f"add them to {what}.requirements")
     pins = []
     for item in items:
         project = normalize(item["metadata"]["name"])

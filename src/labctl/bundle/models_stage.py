@@ -31,16 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from labctl.bundle import verifycore
 from labctl.bundle.errors import BuildError
 from labctl.bundle.fileops import copy_sha256
 from labctl.bundle.staging import Staging
+from labctl.module_utils import verifycore
+from labctl.module_utils.progress import human_bytes
+from labctl.module_utils.sums import SUMS, format_sums, safe_relpath
 from labctl.paths import private_dir
 from labctl.profile import LoadedProfile, Model
-from labctl.progress import human_size
 
 MODELS = "models"
-SUMS = "SHA256SUMS"
 REUSE_FILE = "reuse.json"
 # Left out of a local snapshot: VCS data (git-lfs clones keep a second copy of every weight
 # there) and huggingface_hub's download metadata of `--local-dir` downloads.
@@ -116,7 +116,7 @@ def snapshot_files(root: Path, exclude: list[str], where: str) -> list[tuple[Pat
             path = base / name
             if any(fnmatch.fnmatchcase(rel, pattern) for pattern in exclude):
                 continue
-            if "\\" in rel or "\n" in rel or any(part in ("", ".", "..") for part in rel.split("/")):
+            if not safe_relpath(rel):
                 raise BuildError(f"{where}: {path}: file names with a backslash or newline are not supported")
             if rel == SUMS:
                 raise BuildError(f"{where}: {path}: the snapshot has its own {SUMS}; the bundle writes that file")
@@ -247,7 +247,7 @@ def collect_models(profile: LoadedProfile, cache: Path, staging: Staging) -> Mod
         files = snapshot_files(root, list(model.exclude), _label(index, model))
         prefix = f"{MODELS}/{model.name}/{model.revision}"
         total = sum(path.stat().st_size for path, _ in files)
-        sums: list[str] = []
+        sums: list[tuple[str, str]] = []
         reused = 0
         copied_bytes = 0
         total_bytes = 0
@@ -255,16 +255,16 @@ def collect_models(profile: LoadedProfile, cache: Path, staging: Staging) -> Mod
             for path, rel in files:
                 size, sha256, was_reused = _stage_file(staging, reuse, path, f"{prefix}/{rel}", advance)
                 staging.record(f"{prefix}/{rel}", size, sha256)
-                sums.append(f"{sha256}  {rel}\n")
+                sums.append((sha256, rel))
                 reused += was_reused
                 total_bytes += size
                 copied_bytes += 0 if was_reused else size
         sums_rel = f"{prefix}/{SUMS}"
-        staging.add_bytes("".join(sums).encode("utf-8"), sums_rel, f"{_label(index, model)}")
+        staging.add_bytes(format_sums(sums).encode("utf-8"), sums_rel, f"{_label(index, model)}")
         if reused:
             staging.reporter.info(
                 f"models: {model.name} {model.revision}: {reused} of {len(files)} files linked from the previous "
-                f"bundle, {human_size(copied_bytes)} copied"
+                f"bundle, {human_bytes(copied_bytes)} copied"
             )
         result.entries.append(
             {

@@ -39,6 +39,7 @@ from typing import IO, Any
 
 from labctl.bundle.errors import BuildError
 from labctl.bundle.staging import Staging
+from labctl.module_utils.sums import pump, sha256_file
 from labctl.paths import private_dir
 from labctl.profile import PRISMA_MIRROR, LoadedProfile, Prisma
 
@@ -151,6 +152,19 @@ def _read(reader: IO[bytes], location: str, size: int = _CHUNK) -> bytes:
         raise Unavailable(location, exc) from exc
 
 
+class _Download:
+    """``reader`` as ``pump`` reads it: a connection dropped mid-way is Unavailable (``_read``)."""
+
+    def __init__(self, reader: IO[bytes], location: str) -> None:
+        self.reader = reader
+        self.location = location
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        chunk = _read(self.reader, self.location, len(buffer))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+
 def _checksum(location: str) -> str:
     """The hash of a ``.sha256`` file: ``<hex>  <name>`` (fetch-engine downloadZip fetchChecksum)."""
     with _open(location) as reader:
@@ -165,14 +179,6 @@ def _tmp(directory: Path) -> Path:
     handle, name = tempfile.mkstemp(dir=directory, prefix=".part-")
     os.close(handle)
     return Path(name)
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as reader:
-        while chunk := reader.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -191,9 +197,7 @@ def _download_engine(location: str, gz_expected: str, expected: str, final: Path
     try:
         gz_digest = hashlib.sha256()
         with _open(location) as reader, gz_tmp.open("wb") as writer:
-            while chunk := _read(reader, location):
-                gz_digest.update(chunk)
-                writer.write(chunk)
+            pump(_Download(reader, location), gz_digest, writer.write, size=_CHUNK)
         if gz_digest.hexdigest() != gz_expected:
             raise BuildError(
                 f"prisma: {location} has sha256 {gz_digest.hexdigest()}, but {gz_said} {gz_expected}; refusing it"
@@ -201,9 +205,7 @@ def _download_engine(location: str, gz_expected: str, expected: str, final: Path
         digest = hashlib.sha256()
         try:
             with gzip.open(gz_tmp, "rb") as reader, out_tmp.open("wb") as writer:
-                while chunk := reader.read(_CHUNK):
-                    digest.update(chunk)
-                    writer.write(chunk)
+                pump(reader, digest, writer.write, size=_CHUNK)
         except (OSError, EOFError) as exc:
             raise BuildError(f"prisma: {location}: not a valid gzip file: {exc}") from exc
         if digest.hexdigest() != expected:
@@ -231,7 +233,7 @@ def _engine(base: str, cache: Path, commit: str, platform: str, engine: Engine,
     if final.is_file() and record.is_file() and gz_record.is_file():
         expected = record.read_text(encoding="utf-8").strip()
         gz_known = gz_record.read_text(encoding="utf-8").strip()
-        if (pinned is None or pinned == (expected, gz_known)) and _sha256_file(final) == expected:
+        if (pinned is None or pinned == (expected, gz_known)) and sha256_file(str(final)) == expected:
             return _Fetched(final, expected, gz_known)
     location = f"{base}/{engine_path(commit, platform, engine)}"
     if pinned is not None:
@@ -376,25 +378,25 @@ def write_archive(root: Path, dest: Path) -> None:
     """A reproducible .tar.gz of ``root``: sorted, mtime 0, owner 0:0, modes 0755/0644, symlinks kept."""
     tmp = _tmp(dest.parent)
     try:
-        with tmp.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as compressed:
-            with tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive:
-                for path in _walk(root):
-                    info = archive.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
-                    info.uid = info.gid = 0
-                    info.uname = info.gname = ""
-                    info.mtime = 0
-                    if info.isdir():
-                        info.mode = 0o755
-                        archive.addfile(info)
-                    elif info.issym():
-                        info.mode = 0o777
-                        archive.addfile(info)
-                    elif info.isfile():
-                        info.mode = 0o755 if info.mode & 0o111 else 0o644
-                        with path.open("rb") as reader:
-                            archive.addfile(info, reader)
-                    else:
-                        raise BuildError(f"prisma: {path}: not a file, directory or symlink")
+        with (tmp.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as compressed,
+              tarfile.open(fileobj=compressed, mode="w", format=tarfile.PAX_FORMAT) as archive):
+            for path in _walk(root):
+                info = archive.gettarinfo(str(path), arcname=path.relative_to(root).as_posix())
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mtime = 0
+                if info.isdir():
+                    info.mode = 0o755
+                    archive.addfile(info)
+                elif info.issym():
+                    info.mode = 0o777
+                    archive.addfile(info)
+                elif info.isfile():
+                    info.mode = 0o755 if info.mode & 0o111 else 0o644
+                    with path.open("rb") as reader:
+                        archive.addfile(info, reader)
+                else:
+                    raise BuildError(f"prisma: {path}: not a file, directory or symlink")
         tmp.chmod(0o644)
         os.replace(tmp, dest)
     finally:
@@ -455,8 +457,14 @@ def collect_prisma(profile: LoadedProfile, cache: Path, staging: Staging) -> Pri
     root = private_dir(cache / PRISMA)
     commit = spec.engine_commit
     fetched: list[tuple[str, Engine, _Fetched]] = []
-    pins = read_prisma_lock(profile) if profile.spec.locks else None
-    pinned_in = str(prisma_lock_path(profile)) if pins is not None else None
+    lock = prisma_lock_path(profile)
+    if lock is not None and spec.optional and not lock.exists():
+        # A locked profile fetches nothing unpinned: without an engine lock, optional Prisma stays out.
+        reason = f"no engine lock {lock} (`labctl bundle lock --profile {profile.name}` where {spec.mirror} is reachable)"
+        reporter.warn(f"prisma: {reason}; building without Prisma (prisma.optional: true): LiteLLM database mode will not work")
+        return PrismaResult(spec=spec, reason=reason)
+    pins = read_prisma_lock(profile) if lock is not None else None
+    pinned_in = str(lock) if pins is not None else None
     try:
         base = _base(spec, profile)
         count = len(spec.platforms) * len(ENGINES)

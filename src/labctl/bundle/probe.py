@@ -24,7 +24,7 @@ def probe(url: str, timeout: float = 10.0) -> str | None:
         return None if Path(parts.path).is_file() else f"{parts.path} not found"
     request = urllib.request.Request(url, headers={"User-Agent": "labctl-bundle-probe"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (http/https/file only)
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             response.read(1)
     except urllib.error.HTTPError as exc:
         return f"HTTP {exc.code} for {url}"

@@ -8,9 +8,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl.bundle import verifycore
 from labctl.bundle.errors import BuildError
 from labctl.bundle.fileops import Hashes, copy_hashed, hash_bytes
+from labctl.module_utils import verifycore
+from labctl.module_utils.sums import sha256_file
 from labctl.progress import Reporter
 
 
@@ -91,7 +92,7 @@ class Staging:
             elif summed is not None:
                 size, digest = summed
             else:
-                size, digest = path.stat().st_size, verifycore.sha256_file(str(path))
+                size, digest = path.stat().st_size, sha256_file(str(path))
             entries.append({"path": rel, "size": size, "sha256": digest})
         return entries
 

@@ -106,9 +106,8 @@ def _download(url: str, dest: Path) -> None:
     """Fetch ``url`` into ``dest`` (via a temporary file next to it)."""
     handle, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".part-")
     try:
-        with os.fdopen(handle, "wb") as writer:
-            with urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response:
-                shutil.copyfileobj(response, writer, 1024 * 1024)
+        with os.fdopen(handle, "wb") as writer, urllib.request.urlopen(url, timeout=_DOWNLOAD_TIMEOUT_S) as response:
+            shutil.copyfileobj(response, writer, 1024 * 1024)
         os.replace(tmp, dest)
     except (OSError, urllib.error.URLError, ValueError) as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -171,9 +170,8 @@ def cached_pinned_wheel(requirement: str, directory: Path) -> Path | None:
             wheel = parse_wheel_name(path.name)
         except BuildError:
             continue
-        if _normalize(wheel.name) == _normalize(match["name"]) and wheel.version == match["version"]:
-            if zipfile.is_zipfile(path):
-                return path
+        if _normalize(wheel.name) == _normalize(match["name"]) and wheel.version == match["version"] and zipfile.is_zipfile(path):
+            return path
     return None
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -111,7 +110,8 @@ def provision(
     keep_days: KeepDays = 30,
 ) -> None:
     """Run site.yml against an inventory: locked, recorded, exit code per outcome."""
-    request = build_request("provision", inventory, playbook, limit, tags, check, diff, extra_vars, json_output, keep_days, vault_password_file, verbose)
+    request = build_request("provision", inventory, playbook, limit, tags, check, diff, extra_vars, json_output, keep_days,
+                            vault_password_file, verbose)
     _execute_and_exit(request)
 
 
@@ -128,7 +128,8 @@ def drift(
 ) -> None:
     """Check mode with diff over the site: list each task that would change, per host. Changes
     nothing on the hosts but its own record (labctl_drift.prom). Exit 0: no drift; 5: drift."""
-    request = build_request("drift", inventory, playbook, limit, tags, True, True, extra_vars, json_output, keep_days, vault_password_file, verbose)
+    request = build_request("drift", inventory, playbook, limit, tags, True, True, extra_vars, json_output, keep_days,
+                            vault_password_file, verbose)
     _execute_and_exit(request)
 
 

@@ -7,7 +7,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -29,7 +29,7 @@ def _data(event: dict[str, Any]) -> dict[str, Any]:
 class JsonDisplay:
     """One JSON object per play, task start and host result on stdout (machines)."""
 
-    KEEP = {"playbook_on_play_start", "playbook_on_task_start", "runner_on_ok", "runner_on_failed",
+    KEEP: ClassVar[set[str]] = {"playbook_on_play_start", "playbook_on_task_start", "runner_on_ok", "runner_on_failed",
             "runner_on_unreachable", "runner_on_skipped", "playbook_on_stats"}
 
     def event(self, event: dict[str, Any]) -> None:
@@ -108,7 +108,7 @@ class RichDisplay:
             self._bar = self._progress.add_task(str(data.get("play", "")), total=total)
         elif kind == "playbook_on_task_start" and self._bar is not None:
             self._progress.advance(self._bar)
-            self._progress.update(self._bar, description=f"{data.get('play', '')} › {data.get('task', '')}")
+            self._progress.update(self._bar, description=f"{data.get('play', '')} \u203a {data.get('task', '')}")
         elif kind == "runner_on_start":
             host = str(data.get("host", ""))
             text = f"  {host}: {data.get('task', '')}"

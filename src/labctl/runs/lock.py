@@ -64,7 +64,7 @@ class InventoryLock:
         # 0600: the holder's command line (extra variables redacted) is nobody else's business.
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         os.fchmod(fd, 0o600)
-        handle = open(fd, "a+", encoding="utf-8")  # noqa: SIM115 - held until __exit__
+        handle = open(fd, "a+", encoding="utf-8")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

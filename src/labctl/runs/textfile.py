@@ -26,6 +26,6 @@ def render(command: str, inventory: str, stats: HostStats, ended: float, duratio
               round(duration, 1))
     labels = f'{{command="{command}",inventory="{inventory}"}}'
     lines = []
-    for (name, help_text), value in zip(METRICS, values):
+    for (name, help_text), value in zip(METRICS, values, strict=True):
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{labels} {value}"]
     return "\n".join(lines) + "\n"

@@ -1,5 +1,6 @@
 """Progress of a staging run (labctl_model_stage): byte counters shared by the worker threads,
-written to a JSON file about once a second for labctl_progress, and their human-readable forms."""
+written to a JSON file about once a second for labctl_progress, and their human-readable forms
+(``human_bytes`` is labctl's too). Part of ``labctl.module_utils``: standard library only."""
 
 from __future__ import annotations
 
@@ -7,31 +8,31 @@ import json
 import os
 import threading
 import time
+from typing import Any, ClassVar
 
-from ansible.module_utils.labctl_stage_files import DIR_MODE, write_json_atomic
-
+from .stage_files import DIR_MODE, write_json_atomic
 
 # --- human-readable sizes, rates and times ---------------------------------------------------
 
-def human_bytes(count):
+def human_bytes(count: float) -> str:
     count = float(count)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if count < 1024 or unit == "TiB":
             return ("%.0f %s" if unit == "B" else "%.1f %s") % (count, unit)
         count /= 1024
-    return "%.1f TiB" % count  # pragma: no cover
+    return f"{count:.1f} TiB"  # pragma: no cover
 
 
-def human_rate(rate):
+def human_rate(rate: float) -> str:
     return "%.0f MiB/s" % (rate / 2**20) if rate >= 2**20 else "%.0f KiB/s" % (rate / 1024)
 
 
-def human_eta(seconds):
+def human_eta(seconds: float | None) -> str:
     if seconds is None:
         return "time left unknown"
     if seconds < 60:
         return "<1 min left"
-    minutes = int(round(seconds / 60.0))
+    minutes = round(seconds / 60.0)
     if minutes < 60:
         return "%d min left" % minutes
     return "%d h %02d min left" % (minutes // 60, minutes % 60)
@@ -42,7 +43,7 @@ def human_eta(seconds):
 class Progress:
     """Byte counters shared by the worker threads, written to a JSON file about once a second."""
 
-    def __init__(self, path, label, uid, gid):
+    def __init__(self, path: str, label: str, uid: int | None, gid: int | None) -> None:
         self.path = path
         self.label = label
         self.uid, self.gid = uid, gid
@@ -52,19 +53,19 @@ class Progress:
         self.done = 0
         self.files_total = 0
         self.files_done = 0
-        self.active = set()
+        self.active: set[str] = set()
         self.note = ""
         self.started = time.time()
-        self.samples = []  # (monotonic time, bytes processed this phase)
+        self.samples: list[tuple[float, int]] = []  # (monotonic time, bytes processed this phase)
         self.processed = 0
         self.phase_started = time.monotonic()
         self.stop = threading.Event()
-        self.thread = None
+        self.thread: threading.Thread | None = None
         self.limit = 0  # bytes/s over all workers; 0 = none
         self.limit_started = time.monotonic()
         self.limit_bytes = 0
 
-    def start(self):
+    def start(self) -> None:
         if self.path:
             directory = os.path.dirname(self.path)
             if not os.path.isdir(directory):
@@ -73,11 +74,11 @@ class Progress:
             self.thread = threading.Thread(target=self._loop, name="progress", daemon=True)
             self.thread.start()
 
-    def _loop(self):
+    def _loop(self) -> None:
         while not self.stop.wait(1.0):
             self.write()
 
-    def begin(self, phase, total, files_total, already=0, files_already=0):
+    def begin(self, phase: str, total: int, files_total: int, already: int = 0, files_already: int = 0) -> None:
         with self.lock:
             self.phase = phase
             self.total = total
@@ -89,7 +90,7 @@ class Progress:
             self.phase_started = time.monotonic()
         self.write()
 
-    def add(self, count):
+    def add(self, count: int) -> None:
         with self.lock:
             self.done += count
             self.processed += count
@@ -100,16 +101,16 @@ class Progress:
             if ahead > 0:
                 time.sleep(ahead)
 
-    def file_started(self, path):
+    def file_started(self, path: str) -> None:
         with self.lock:
             self.active.add(path)
 
-    def file_done(self, path):
+    def file_done(self, path: str) -> None:
         with self.lock:
             self.active.discard(path)
             self.files_done += 1
 
-    def rate(self):
+    def rate(self) -> float | None:
         now = time.monotonic()
         with self.lock:
             self.samples.append((now, self.processed))
@@ -121,17 +122,16 @@ class Progress:
             elapsed = now - self.phase_started
             return self.processed / elapsed if elapsed > 0.5 else None
 
-    VERBS = {"copy": "copied", "hash": "hashed", "verify": "verified", "sync": "copied", "starting": "done"}
+    VERBS: ClassVar[dict[str, str]] = {"copy": "copied", "hash": "hashed", "verify": "verified", "sync": "copied", "starting": "done"}
 
-    def line(self):
+    def line(self) -> tuple[str, float | None]:
         rate = self.rate()
         with self.lock:
             left = self.total - self.done
-            text = "%s: %s of %s %s" % (self.label, human_bytes(self.done), human_bytes(self.total),
-                                        self.VERBS.get(self.phase, self.phase))
+            text = f"{self.label}: {human_bytes(self.done)} of {human_bytes(self.total)} {self.VERBS.get(self.phase, self.phase)}"
             if self.phase in ("copy", "hash", "verify"):
                 if rate:
-                    text += ", %s, %s" % (human_rate(rate), human_eta(left / rate if rate > 0 else None))
+                    text += f", {human_rate(rate)}, {human_eta(left / rate if rate > 0 else None)}"
                 text += " (%d/%d files)" % (self.files_done, self.files_total)
             elif self.phase == "sync":
                 text += "; flushing to disk"
@@ -139,12 +139,12 @@ class Progress:
                 text += "; " + self.note
             return text, rate
 
-    def write(self, final=None):
+    def write(self, final: str | None = None) -> None:
         if not self.path:
             return
         line, rate = self.line()
         with self.lock:
-            data = {
+            data: dict[str, Any] = {
                 "label": self.label,
                 "phase": final or self.phase,
                 "bytes_done": self.done,
@@ -164,7 +164,7 @@ class Progress:
         except OSError:
             pass  # progress is a courtesy; never fail the staging for it
 
-    def finish(self, phase, msg):
+    def finish(self, phase: str, msg: str) -> None:
         self.stop.set()
         if self.thread is not None:
             self.thread.join(timeout=5)

@@ -1,8 +1,5 @@
-"""Verification of a labctl offline bundle.
-
-This module is shared with the Ansible side: it is loaded on target hosts as
-``module_utils`` through a symlink. Keep it **stdlib only**, compatible with
-Python 3.9, free of relative imports and of imports from ``labctl``.
+"""Verification of a labctl offline bundle: ``labctl bundle verify`` on the control node, the
+labctl_bundle_verify module on the targets (``labctl.module_utils``: standard library only).
 
 A bundle is a directory with ``manifest.json`` (listing every other file with
 its size and sha256), ``manifest.json.sig`` (a binary detached OpenPGP
@@ -15,9 +12,12 @@ import hashlib
 import json
 import os
 import subprocess
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable
+
+from .sums import safe_relpath, sha256_file
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.sig"
@@ -29,8 +29,6 @@ FORMAT_VERSION = 1
 # target with the host (the Ansible module does).
 KINDS = ("missing", "extra", "modified", "size", "signature", "fingerprint", "manifest", "target")
 
-_CHUNK = 1024 * 1024
-
 
 @dataclass
 class Problem:
@@ -39,33 +37,33 @@ class Problem:
     detail: str = ""
 
     def message(self) -> str:
-        text = "%s: %s" % (self.kind, self.path)
+        text = f"{self.kind}: {self.path}"
         if self.detail:
-            text += " (%s)" % self.detail
+            text += f" ({self.detail})"
         return text
 
-    def as_dict(self) -> Dict[str, str]:
+    def as_dict(self) -> dict[str, str]:
         return {"kind": self.kind, "path": self.path, "detail": self.detail}
 
 
 @dataclass
 class Report:
     root: str
-    problems: List[Problem] = field(default_factory=list)
-    manifest: Optional[Dict[str, Any]] = None
-    fingerprint: Optional[str] = None
+    problems: list[Problem] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+    fingerprint: str | None = None
     files_checked: int = 0
     bytes_checked: int = 0
     # Files whose content was hashed in this run (the others matched the stamp of an earlier good run).
     files_hashed: int = 0
     # path -> [sha256, size, mtime_ns, ctime_ns, inode, device] of every listed file that verified.
-    verified: Dict[str, List[Any]] = field(default_factory=dict)
+    verified: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return not self.problems and self.manifest is not None and self.fingerprint is not None
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         manifest = self.manifest or {}
         return {
             "root": self.root,
@@ -80,18 +78,7 @@ class Report:
         }
 
 
-def sha256_file(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while True:
-            chunk = handle.read(_CHUNK)
-            if not chunk:
-                break
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def content_digest(files: Iterable[Dict[str, Any]]) -> str:
+def content_digest(files: Iterable[dict[str, Any]]) -> str:
     """sha256 over the sorted ``path sha256 size`` lines, signature artefacts excluded."""
     lines = sorted(
         "%s %s %d\n" % (f["path"], f["sha256"], int(f["size"]))
@@ -105,14 +92,7 @@ def normalize_fingerprint(value: str) -> str:
     return "".join(value.split()).upper()
 
 
-def _safe_relpath(path: Any) -> bool:
-    if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path:
-        return False
-    parts = path.split("/")
-    return all(part not in ("", ".", "..") for part in parts)
-
-
-def check_signature(root: str, gpgv: str = "gpgv") -> Tuple[Optional[str], Optional[str]]:
+def check_signature(root: str, gpgv: str = "gpgv") -> tuple[str | None, str | None]:
     """Verify manifest.json.sig with keys/bundle.gpg.
 
     Returns ``(fingerprint, None)`` on success and ``(None, reason)`` otherwise.
@@ -121,20 +101,19 @@ def check_signature(root: str, gpgv: str = "gpgv") -> Tuple[Optional[str], Optio
     keyring = os.path.abspath(os.path.join(root, KEYRING))
     sig = os.path.join(root, SIGNATURE)
     manifest = os.path.join(root, MANIFEST)
-    failure = "does not verify %s with %s" % (MANIFEST, KEYRING)
+    failure = f"does not verify {MANIFEST} with {KEYRING}"
     for needed in (sig, keyring):
         if not os.path.isfile(needed):
-            return None, "%s: %s is missing" % (failure, os.path.relpath(needed, root))
+            return None, f"{failure}: {os.path.relpath(needed, root)} is missing"
     try:
         proc = subprocess.run(
             [gpgv, "--status-fd", "1", "--keyring", keyring, sig, manifest],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            universal_newlines=True,
+            capture_output=True,
+            text=True,
             check=False,
         )
     except OSError as exc:
-        return None, "%s: cannot run %s: %s" % (failure, gpgv, exc.strerror)
+        return None, f"{failure}: cannot run {gpgv}: {exc.strerror}"
     fingerprint = None
     statuses = []
     for line in proc.stdout.splitlines():
@@ -148,17 +127,17 @@ def check_signature(root: str, gpgv: str = "gpgv") -> Tuple[Optional[str], Optio
             statuses.append(fields[1])
     if proc.returncode != 0 or fingerprint is None:
         if statuses:
-            return None, "%s: %s" % (failure, ", ".join(sorted(set(statuses))))
+            return None, "{}: {}".format(failure, ", ".join(sorted(set(statuses))))
         return None, failure
     return normalize_fingerprint(fingerprint), None
 
 
-def _listed_files(manifest: Dict[str, Any], problems: List[Problem]) -> List[Dict[str, Any]]:
+def _listed_files(manifest: dict[str, Any], problems: list[Problem]) -> list[dict[str, Any]]:
     files = manifest.get("files")
     if not isinstance(files, list):
         problems.append(Problem("manifest", MANIFEST, "'files' is not a list"))
         return []
-    good: List[Dict[str, Any]] = []
+    good: list[dict[str, Any]] = []
     seen = set()
     for entry in files:
         if not isinstance(entry, dict):
@@ -167,7 +146,7 @@ def _listed_files(manifest: Dict[str, Any], problems: List[Problem]) -> List[Dic
         raw_path = entry.get("path")
         size = entry.get("size")
         digest = entry.get("sha256")
-        if not isinstance(raw_path, str) or not _safe_relpath(raw_path) or raw_path in (MANIFEST, SIGNATURE):
+        if not isinstance(raw_path, str) or not safe_relpath(raw_path) or raw_path in (MANIFEST, SIGNATURE):
             problems.append(Problem("manifest", str(raw_path), "unsafe or reserved path in manifest"))
             continue
         path = raw_path
@@ -182,7 +161,7 @@ def _listed_files(manifest: Dict[str, Any], problems: List[Problem]) -> List[Dic
     return good
 
 
-def _stat_key(full: str) -> List[int]:
+def _stat_key(full: str) -> list[int]:
     """What changes whenever a file's content is written through the file system: size and mtime, and
     ctime and inode, which no user-level tool can set back (touch -r restores mtime, not ctime)."""
     st = os.stat(full)
@@ -190,8 +169,8 @@ def _stat_key(full: str) -> List[int]:
 
 
 def _check_file(
-    root: str, entry: Dict[str, Any], known: Dict[str, List[Any]]
-) -> Tuple[Optional[Problem], int, Optional[List[Any]], bool]:
+    root: str, entry: dict[str, Any], known: dict[str, list[Any]]
+) -> tuple[Problem | None, int, list[Any] | None, bool]:
     """(problem, size, the file's [sha256, *stat key] when it verified, whether it was hashed)."""
     path = entry["path"]
     full = os.path.join(root, *path.split("/"))
@@ -209,17 +188,17 @@ def _check_file(
             return None, size, [expected] + key, False
         found = sha256_file(full)
     except OSError as exc:
-        return Problem("missing", path, "unreadable: %s" % exc.strerror), 0, None, False
+        return Problem("missing", path, f"unreadable: {exc.strerror}"), 0, None, False
     if found != expected:
-        return Problem("modified", path, "sha256 expected %s, found %s" % (entry["sha256"], found)), size, None, True
+        return Problem("modified", path, "sha256 expected {}, found {}".format(entry["sha256"], found)), size, None, True
     return None, size, [expected] + key, True
 
 
 def stamp_file(stamp_dir: str, digest: str) -> str:
-    return os.path.join(stamp_dir, "bundle-%s.json" % digest)
+    return os.path.join(stamp_dir, f"bundle-{digest}.json")
 
 
-def read_stamp(stamp_dir: str, digest: Any, fingerprint: Optional[str]) -> Dict[str, List[Any]]:
+def read_stamp(stamp_dir: str, digest: Any, fingerprint: str | None) -> dict[str, list[Any]]:
     """The files of an earlier good verification of the bundle with this content digest and signing key
     (see write_stamp); empty when there is none or it does not parse."""
     if not isinstance(digest, str) or len(digest) != 64 or not fingerprint:
@@ -253,7 +232,7 @@ def write_stamp(stamp_dir: str, report: Report) -> str:
     return final
 
 
-def _present_files(root: str) -> List[str]:
+def _present_files(root: str) -> list[str]:
     present = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -266,12 +245,12 @@ def _present_files(root: str) -> List[str]:
 
 def verify_bundle(
     root: str,
-    trusted_fingerprint: Optional[str] = None,
+    trusted_fingerprint: str | None = None,
     check_extra: bool = True,
     workers: int = 4,
-    on_file: Optional[Callable[[str, int], None]] = None,
+    on_file: Callable[[str, int], None] | None = None,
     gpgv: str = "gpgv",
-    stamp_dir: Optional[str] = None,
+    stamp_dir: str | None = None,
 ) -> Report:
     """Check a bundle's signature, fingerprint and every file.
 
@@ -293,7 +272,7 @@ def verify_bundle(
         if not os.path.exists(manifest_path):
             report.problems.append(Problem("missing", MANIFEST, ""))
         else:
-            report.problems.append(Problem("manifest", MANIFEST, "unreadable: %s" % exc))
+            report.problems.append(Problem("manifest", MANIFEST, f"unreadable: {exc}"))
         return report
     if not isinstance(manifest, dict):
         report.problems.append(Problem("manifest", MANIFEST, "not a JSON object"))
@@ -312,14 +291,14 @@ def verify_bundle(
         declared = (manifest.get("signing_key") or {}).get("fingerprint")
         if not isinstance(declared, str) or normalize_fingerprint(declared) != fingerprint:
             report.problems.append(
-                Problem("fingerprint", SIGNATURE, "signed by %s, manifest declares %s" % (fingerprint, declared))
+                Problem("fingerprint", SIGNATURE, f"signed by {fingerprint}, manifest declares {declared}")
             )
         if trusted_fingerprint and normalize_fingerprint(trusted_fingerprint) != fingerprint:
             report.problems.append(
                 Problem(
                     "fingerprint",
                     SIGNATURE,
-                    "signed by %s, expected %s" % (fingerprint, normalize_fingerprint(trusted_fingerprint)),
+                    f"signed by {fingerprint}, expected {normalize_fingerprint(trusted_fingerprint)}",
                 )
             )
 
@@ -327,11 +306,11 @@ def verify_bundle(
     expected_digest = manifest.get("content_digest")
     if expected_digest != content_digest(files):
         report.problems.append(
-            Problem("manifest", MANIFEST, "content_digest %s does not match the listed files" % expected_digest)
+            Problem("manifest", MANIFEST, f"content_digest {expected_digest} does not match the listed files")
         )
 
     known = read_stamp(stamp_dir, expected_digest, report.fingerprint) if stamp_dir else {}
-    file_problems: List[Problem] = []
+    file_problems: list[Problem] = []
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for entry, (problem, size, record, hashed) in zip(files, pool.map(lambda e: _check_file(root, e, known), files)):
             report.files_checked += 1
@@ -345,9 +324,9 @@ def verify_bundle(
                 on_file(entry["path"], int(entry["size"]))
 
     if check_extra:
-        listed = set(entry["path"] for entry in files) | {MANIFEST, SIGNATURE}
+        listed = {entry["path"] for entry in files} | {MANIFEST, SIGNATURE}
         for path in _present_files(root):
             if path not in listed:
-                file_problems.append(Problem("extra", path, "not listed in %s" % MANIFEST))
+                file_problems.append(Problem("extra", path, f"not listed in {MANIFEST}"))
     report.problems.extend(sorted(file_problems, key=lambda p: (p.path, p.kind)))
     return report

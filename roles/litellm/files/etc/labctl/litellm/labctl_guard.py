@@ -1,4 +1,3 @@
-{{ ansible_managed | comment }}
 """The class guard of the LiteLLM proxy (litellm_settings.callbacks, before the admission gate).
 
 A key's class is the model names it may use, and each model class sends its own vLLM priority
@@ -38,14 +37,15 @@ def _refuse(status: int, message: str, param: str | None) -> Exception:
     from litellm.proxy._types import ProxyException
 
     kind = "invalid_request_error" if status == 400 else "auth_error"
-    return ProxyException(message=f"labctl gateway: {message}", type=kind, param=param, code=status)
+    refused: Exception = ProxyException(message=f"labctl gateway: {message}", type=kind, param=param, code=status)
+    return refused
 
 
 def _is_admin(user_api_key_dict: Any) -> bool:
     from litellm.proxy._types import LitellmUserRoles
 
     role = getattr(user_api_key_dict, "user_role", None)
-    return role == LitellmUserRoles.PROXY_ADMIN or role == LitellmUserRoles.PROXY_ADMIN.value
+    return bool(role == LitellmUserRoles.PROXY_ADMIN or role == LitellmUserRoles.PROXY_ADMIN.value)
 
 
 def _key_name(user_api_key_dict: Any) -> str:
@@ -103,7 +103,7 @@ def impose(kwargs: dict[str, Any], deployment_extra: dict[str, Any]) -> dict[str
 
 
 class Guard(CustomLogger):
-    async def async_pre_call_hook(self, user_api_key_dict, cache, data, call_type):
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any) -> dict[str, Any]:
         if _is_admin(user_api_key_dict):
             return data
         name = _key_name(user_api_key_dict)
@@ -117,7 +117,7 @@ class Guard(CustomLogger):
                                "the URL's ?model= and the path alike)", "model")
         return data
 
-    async def async_pre_call_deployment_hook(self, kwargs, call_type):
+    async def async_pre_call_deployment_hook(self, kwargs: dict[str, Any], call_type: Any) -> dict[str, Any] | None:
         extra = class_extra_body((kwargs.get("model_info") or {}).get("id"))
         if extra is not None:
             return impose(kwargs, extra)

@@ -1,11 +1,10 @@
-{{ ansible_managed | comment }}
 """Custom auth for the LiteLLM proxy without a database (general_settings.custom_auth).
 
 Without a database LiteLLM alone accepts only the master key (and answers 400 "No connected db"
 for any other). This hook accepts:
   - the master key, for administration (as LiteLLM's own check does);
   - Prometheus's bearer token (LABCTL_METRICS_KEY, litellm.env), on /metrics/ only;
-  - the application keys of {{ litellm_app_keys_path }}: the sha256 of each key that is not revoked
+  - the application keys of KEYS_FILE (labctl_auth.yaml): the sha256 of each key that is not revoked
     (`labctl keys add`; the key itself never reaches this host), its class, limits and expiry.
 An application key reaches the model API only, and only its class's public model names: the
 class is its priority (labctl_admission.py). Its rpm/tpm limits and its max_parallel (by default
@@ -27,15 +26,21 @@ import os
 import secrets
 import threading
 from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
 
+import yaml
 from fastapi import HTTPException, Request
 from litellm.constants import LITELLM_PROXY_MASTER_KEY_ALIAS
 from litellm.proxy._types import LitellmUserRoles, UserAPIKeyAuth
 
-KEYS_FILE = {{ litellm_app_keys_path | to_json }}
+# Settings: labctl_auth.yaml beside this file, rendered by the litellm role from its variables
+# (roles/litellm/templates/etc/labctl/litellm/labctl_auth.yaml.j2).
+_SETTINGS: dict[str, Any] = yaml.safe_load(Path(__file__).with_suffix(".yaml").read_text(encoding="utf-8"))
+KEYS_FILE = str(_SETTINGS["keys_file"])
 METRICS_KEY = os.environ.get("LABCTL_METRICS_KEY", "")
 # Requests one application key may have in flight when its record sets none (litellm_app_key_max_parallel_share).
-DEFAULT_MAX_PARALLEL = {{ __litellm_app_key_max_parallel | int }}
+DEFAULT_MAX_PARALLEL = int(_SETTINGS["default_max_parallel"])
 # The model API: what an application key may call (with or without /v1).
 _MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/models", "/model/info")
 _BODY_ROUTES = ("/chat/completions", "/completions", "/responses")
@@ -45,14 +50,14 @@ _log = logging.getLogger("labctl_auth")
 class _Keys:
     """The gateway's copy of the application keys, read again when the file changes."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp = None
-        self._by_hash = {}
-        self._classes = {}
+        self._stamp: tuple[int, int, int] | None = None
+        self._by_hash: dict[str, dict[str, Any]] = {}
+        self._classes: dict[str, list[str]] = {}
         self._lock = threading.Lock()
 
-    def current(self):
+    def current(self) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
         try:
             st = os.stat(self.path)
             stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -64,7 +69,7 @@ class _Keys:
                     self._load(stamp)
         return self._by_hash, self._classes
 
-    def _load(self, stamp):
+    def _load(self, stamp: tuple[int, int, int] | None) -> None:
         if stamp is None:
             self._by_hash, self._classes, self._stamp = {}, {}, None
             return
@@ -86,12 +91,12 @@ class _Keys:
 KEYS = _Keys(KEYS_FILE)
 
 
-def _route(request):
+def _route(request: Request) -> str:
     path = request.url.path.rstrip("/") or "/"
     return path[3:] if path.startswith("/v1/") else path
 
 
-async def _requested_model(request):
+async def _requested_model(request: Request) -> str | None:
     try:
         from litellm.proxy.common_utils.http_parsing_utils import read_request_body
     except ImportError:  # pragma: no cover - an older LiteLLM

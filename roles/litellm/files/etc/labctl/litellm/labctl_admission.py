@@ -1,4 +1,3 @@
-{{ ansible_managed | comment }}
 """Priority-aware admission for the LiteLLM proxy (litellm_settings.callbacks).
 
 Every queue a request can wait in honours its class. LiteLLM's own admission queue
@@ -31,17 +30,23 @@ import contextvars
 import logging
 import math
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import yaml
 from litellm.integrations.custom_logger import CustomLogger
 
-SLOTS = {{ __litellm_admission_slots_per_worker | int }}
-CLASSES = {{ __litellm_class_priorities | to_json }}
-FLOORS = {{ __litellm_class_floors | to_json }}
-RESERVE = {{ litellm_admission_reserve | float }}
-TIMEOUT = {{ litellm_admission_queue_timeout | float }}
-RETRY_AFTER = {{ litellm_admission_retry_after | int }}
-MAX_HOLD = {{ (litellm_request_timeout | float) + (litellm_admission_queue_timeout | float) }}
+# Settings: labctl_admission.yaml beside this file, rendered by the litellm role from its variables
+# (roles/litellm/templates/etc/labctl/litellm/labctl_admission.yaml.j2).
+_SETTINGS: dict[str, Any] = yaml.safe_load(Path(__file__).with_suffix(".yaml").read_text(encoding="utf-8"))
+SLOTS = int(_SETTINGS["slots"])
+CLASSES: dict[str, int] = {str(name): int(priority) for name, priority in _SETTINGS["classes"].items()}
+FLOORS: dict[str, float] = {str(priority): float(share) for priority, share in _SETTINGS["floors"].items()}
+RESERVE = float(_SETTINGS["reserve"])
+TIMEOUT = float(_SETTINGS["timeout"])
+RETRY_AFTER = int(_SETTINGS["retry_after"])
+MAX_HOLD = float(_SETTINGS["max_hold"])
 # The class of a model name no class lists (e.g. a deployment's own name): the least urgent.
 DEFAULT_PRIORITY = max(CLASSES.values(), default=0)
 
@@ -194,7 +199,7 @@ class Admission(CustomLogger):
             self.tickets.discard(ticket)
             ticket.release()
 
-    async def async_pre_call_hook(self, user_api_key_dict, cache, data, call_type):
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any) -> dict[str, Any]:
         held = _current.get()
         if held is not None and not held.done:  # LiteLLM ran the pre-call hooks again (rate-limit fallback)
             return data
@@ -217,14 +222,15 @@ class Admission(CustomLogger):
             task.add_done_callback(lambda done: self._end(ticket) if done.cancelled() else None)
         return data
 
-    async def async_post_call_success_hook(self, data, user_api_key_dict, response):
+    async def async_post_call_success_hook(self, data: dict[str, Any], user_api_key_dict: Any, response: Any) -> None:
         self._end(_current.get())
 
-    async def async_post_call_failure_hook(self, request_data, original_exception, user_api_key_dict,
-                                           traceback_str=None):
+    async def async_post_call_failure_hook(self, request_data: dict[str, Any], original_exception: Exception,
+                                           user_api_key_dict: Any, traceback_str: str | None = None) -> None:
         self._end(_current.get())
 
-    async def async_post_call_streaming_iterator_hook(self, user_api_key_dict, response, request_data):
+    async def async_post_call_streaming_iterator_hook(self, user_api_key_dict: Any, response: Any,
+                                                      request_data: dict[str, Any]) -> AsyncIterator[Any]:
         ticket = _current.get()  # the stream's first read runs in the request's task: keep its ticket
         try:
             async for item in response:

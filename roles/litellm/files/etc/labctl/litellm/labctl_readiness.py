@@ -1,4 +1,3 @@
-{{ ansible_managed | comment }}
 """Readiness-aware routing for the LiteLLM proxy (litellm_settings.callbacks).
 
 vLLM binds its port before it loads the model, so a replica that is (re)starting accepts a
@@ -12,20 +11,27 @@ ready it leaves them all: a probe is never the cause of an outage.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import ssl
 import time
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+import yaml
 from litellm.integrations.custom_logger import CustomLogger
 
-INTERVAL = {{ litellm_readiness_interval | float }}
-TIMEOUT = {{ litellm_readiness_timeout | float }}
-DRAIN_DIR = {{ __litellm_drain_dir | to_json }}
+# Settings: labctl_readiness.yaml beside this file, rendered by the litellm role from its variables
+# (roles/litellm/templates/etc/labctl/litellm/labctl_readiness.yaml.j2).
+_SETTINGS: dict[str, Any] = yaml.safe_load(Path(__file__).with_suffix(".yaml").read_text(encoding="utf-8"))
+INTERVAL = float(_SETTINGS["interval"])
+TIMEOUT = float(_SETTINGS["timeout"])
+DRAIN_DIR = str(_SETTINGS["drain_dir"])
 # An https replica (on another host) must show a certificate of this CA, as for the requests
 # (litellm_settings.ssl_verify).
-CA_FILE = {{ litellm_vllm_ca_file | to_json }}
+CA_FILE = str(_SETTINGS["ca_file"])
 # A replica that answered before is dropped after this many probes in a row without an answer
 # (a busy event loop may miss one); a refused connection or a non-200 drops it at once.
 SILENT_PROBES = 2
@@ -42,21 +48,14 @@ if not log.handlers:  # the journal gets each change of a replica's readiness, o
 def health_url(api_base: str) -> tuple[str, int, str]:
     """Host, port and /health path of the vLLM server behind an OpenAI api_base (.../v1)."""
     parts = urlsplit(api_base)
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[: -len("/v1")]
+    path = parts.path.rstrip("/").removesuffix("/v1")
     return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80), path + "/health"
 
 
-_CONTEXT: ssl.SSLContext | None = None
-
-
+@functools.cache
 def tls_context() -> ssl.SSLContext:
     """The lab CA's context, made once (a probe a second must not read the file each time)."""
-    global _CONTEXT
-    if _CONTEXT is None:
-        _CONTEXT = ssl.create_default_context(cafile=CA_FILE)
-    return _CONTEXT
+    return ssl.create_default_context(cafile=CA_FILE)
 
 
 async def _status_line(host: str, port: int, path: str, tls: bool = False) -> bytes:
@@ -102,7 +101,7 @@ class Readiness(CustomLogger):
 
     async def refresh(self, bases: list[str]) -> None:
         results = await asyncio.gather(*(probe(base, self.timeout) for base in bases))
-        for base, result in zip(bases, results):
+        for base, result in zip(bases, results, strict=True):
             was = self.ready.get(base)
             if result == "ok":
                 self.ready[base], self.silent[base] = True, 0
@@ -122,15 +121,16 @@ class Readiness(CustomLogger):
             except Exception:  # keep polling whatever one round did
                 log.exception("readiness probe round failed")
 
-    def is_ready(self, deployment: dict, now: float) -> bool:
+    def is_ready(self, deployment: dict[str, Any], now: float) -> bool:
         params = deployment.get("litellm_params") or {}
         base, model = params.get("api_base"), str(params.get("model", ""))
         if not base:
             return True
         return self.ready.get(base, True) and not drained(model.split("/", 1)[-1], now, self.drain_dir)
 
-    async def async_filter_deployments(self, model, healthy_deployments, messages, request_kwargs=None,
-                                       parent_otel_span=None):
+    async def async_filter_deployments(self, model: str, healthy_deployments: list[dict[str, Any]], messages: Any,
+                                       request_kwargs: dict[str, Any] | None = None,
+                                       parent_otel_span: Any = None) -> list[dict[str, Any]]:
         bases = {(d.get("litellm_params") or {}).get("api_base") for d in healthy_deployments}
         unknown = [base for base in bases if base and base not in self.ready]
         if unknown:

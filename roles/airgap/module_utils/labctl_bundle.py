@@ -1,1 +1,0 @@
-../../../src/labctl/bundle/verifycore.py
