@@ -218,13 +218,13 @@ def target_environment(profile: LoadedProfile) -> dict[str, str]:
     return env
 
 
-def unmet_on_target(profile: LoadedProfile, items: list[dict[str, Any]]) -> list[str]:
+def unmet_on_target(profile: LoadedProfile, items: list[dict[str, Any]]) -> dict[str, str]:
     """Requirements of the resolved projects that hold on the target's Python but are not in the
-    resolution: pip judged their markers (python_full_version < "3.11.3": redis needs async-timeout on
-    Debian 12's 3.11.2) by the interpreter it ran on."""
+    resolution (pip judges markers such as python_full_version < "3.11.3" by the interpreter it runs
+    on): project -> the requirement without its marker, to resolve again with."""
     env = target_environment(profile)
     names = {normalize(item["metadata"]["name"]) for item in items}
-    unmet = []
+    unmet: dict[str, str] = {}
     for item in items:
         extras = item.get("requested_extras") or []
         for line in item["metadata"].get("requires_dist") or []:
@@ -239,8 +239,9 @@ def unmet_on_target(profile: LoadedProfile, items: list[dict[str, Any]]) -> list
             except InvalidMarker:
                 continue
             if needed:
-                unmet.append(f"{normalize(req.name)} ({item['metadata']['name']} requires {line})")
-    return sorted(set(unmet))
+                extra_part = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+                unmet.setdefault(normalize(req.name), f"{req.name}{extra_part}{req.specifier}")
+    return unmet
 
 
 def make_lock(profile: LoadedProfile, cache: Path, name: str, spec: WheelSet, set_args: list[str],
@@ -248,19 +249,25 @@ def make_lock(profile: LoadedProfile, cache: Path, name: str, spec: WheelSet, se
     """The pins of one set, from pip's report: resolve-only, nothing downloaded."""
     target = profile.spec.target
     req = private_dir(cache / "wheels") / f"lock-{profile.name}-{profile.os}-{name}.txt"
-    req.write_text("\n".join(spec.requirements) + "\n", encoding="utf-8")
     what = f"wheels.sets.{name}"
-    items = pip_report(req, target.python, target.abi, target.platforms, set_args, what=what)
+    # pip judges environment markers by its own interpreter: what the target's Python needs besides
+    # (redis -> async-timeout below 3.11.3, vllm -> six above 3.11) is added and resolved again.
+    added: dict[str, str] = {}
+    for _ in range(5):
+        req.write_text("\n".join([*spec.requirements, *added.values()]) + "\n", encoding="utf-8")
+        items = pip_report(req, target.python, target.abi, target.platforms, set_args, what=what)
+        unmet = {project: line for project, line in unmet_on_target(profile, items).items() if project not in spec.exclude}
+        if not unmet:
+            break
+        added.update(unmet)
+    else:
+        full = python_full_version(target.os, target.release, target.python)
+        raise BuildError(f"{what}: the resolution for the target's python {target.python} ({full}) still lacks "
+                         f"{', '.join(sorted(unmet))} after adding {', '.join(added.values())}: add them to {what}.requirements")
     names = {normalize(item["metadata"]["name"]) for item in items}
     unknown = [project for project in spec.exclude if project not in names]
     if unknown:
         raise BuildError(f"{what}.exclude: {', '.join(unknown)} not in the resolution of {' '.join(spec.requirements)}")
-    unmet = [entry for entry in unmet_on_target(profile, items) if entry.split(" ", 1)[0] not in spec.exclude]
-    if unmet:
-        raise BuildError(f"{what}: the target's python {profile.spec.target.python} "
-                         f"({python_full_version(profile.spec.target.os, profile.spec.target.release, profile.spec.target.python)}) "
-                         f"needs what pip, judging markers by its own interpreter, left out: {'; '.join(unmet)}: "
-                         f"add them to {what}.requirements")
     pins = []
     for item in items:
         project = normalize(item["metadata"]["name"])
