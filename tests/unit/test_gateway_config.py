@@ -148,3 +148,20 @@ def test_the_admin_ui_only_when_the_inventory_asks(tmp_path: Path) -> None:
                       "litellm_vllm_api_key": "", "litellm_redis_host": "h", "litellm_redis_port": 1, "litellm_redis_password": "p",
                       "litellm_database_mode": False, "litellm_admin_ui": True, "litellm_state_dir": "/x", "litellm_group": "g"})
     assert "DISABLE_ADMIN_UI" not in env
+
+
+def test_callbacks_out_writes_the_plain_callbacks_beside_their_rendered_settings(tmp_path: Path) -> None:
+    """`--callbacks-out` (what make bench-gateway runs the role's gate with): the role's plain Python
+    callbacks as shipped, each beside the settings the role renders for the inventory."""
+    out = tmp_path / "callbacks"
+    result = CliRunner().invoke(app, ["gateway-config", "-i", str(BENCH_INVENTORY), "--callbacks-out", str(out)])
+    assert result.exit_code == 0, result.output
+    files = REPO / "roles" / "litellm" / "files" / "etc" / "labctl" / "litellm"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [p.name for p in files.glob("*.py")] + ["labctl_admission.yaml", "labctl_auth.yaml", "labctl_readiness.yaml"])
+    for callback in files.glob("*.py"):
+        assert (out / callback.name).read_bytes() == callback.read_bytes(), callback.name
+    gate = yaml.safe_load((out / "labctl_admission.yaml").read_text())
+    config = yaml.safe_load(result.stdout)
+    classes = {d["model_name"]: d["litellm_params"]["extra_body"]["priority"] for d in config["model_list"]}
+    assert gate["classes"] == classes and gate["slots"] == 48 and gate["max_hold"] > gate["timeout"]
