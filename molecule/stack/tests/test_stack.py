@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import rerun_budget  # tests/ (molecule/conftest.py puts it on sys.path)
 
 REPO = Path(__file__).resolve().parents[3]
 ENV_FILE = "/etc/labctl/litellm/litellm.env"
@@ -398,6 +399,11 @@ def test_second_run_changes_nothing_and_restarts_nothing(host):
     assert summary["event"] == "summary" and summary["outcome"] == "ok", summary
     assert summary["hosts"] and all(s["changed"] == 0 and s["failed"] == 0 for s in summary["hosts"].values()), summary
     assert _main_pids(host) == pids
+    # Issue 31: what a no-op re-run costs, counted, not timed (tests/rerun_budget.py).
+    counts = {h: {"ok": s["ok"], "skipped": s["skipped"]} for h, s in summary["hosts"].items()}
+    _report(rerun_tasks=counts)
+    over = rerun_budget.problems(counts, rerun_budget.load())
+    assert not over, "\n".join(over)
     prom = host.file("/var/lib/prometheus/node-exporter/labctl_provision.prom").content_string
     assert 'labctl_last_run_success{command="provision",inventory="inventory"} 1' in prom
     assert 'labctl_last_run_changed_tasks{command="provision",inventory="inventory"} 0' in prom
