@@ -4,6 +4,7 @@ model is in the bundle, the tiktoken files are harmony's, the bytes the model ro
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -115,3 +116,31 @@ def test_variable_problems_check_every_role_in_one_pass() -> None:
 def test_variable_problems_accept_valid_values() -> None:
     given = {"lab_vllm_replicas": 2, "vllm_max_model_len": 32768, "nvidia_driver_kernel_modules": "open"}
     assert bundle.labctl_preflight_variable_problems(given, _specs(), list(given)) == []
+
+
+class _Lazy(Mapping[str, Any]):
+    """Stands in for ansible-core 2.19's lazily templated containers: a Mapping that is not a dict, whose
+    deep copy is what cost site.yml 5 s (Issue 31); here a deep copy fails the test."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Lazy:
+        raise AssertionError("the validator deep-copied a lazy container")
+
+
+def test_variable_problems_hand_the_validator_plain_values() -> None:
+    topology = _Lazy({"hosts": _Lazy({"h1": _Lazy({"roles": ["gpu"]})}), "problems": []})
+    given = {"lab_topology": topology, "lab_vllm_replicas": 2}
+    assert bundle.labctl_preflight_variable_problems(given, _specs(), list(given)) == []
+    bad = {"lab_topology": _Lazy({"hosts": [1, 2]}), "lab_vllm_replicas": _Lazy({"a": 1})}
+    assert any("lab_vllm_replicas" in p for p in bundle.labctl_preflight_variable_problems(bad, _specs(), list(bad)))
