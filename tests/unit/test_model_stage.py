@@ -260,8 +260,11 @@ def test_too_little_space_is_refused_before_copying(tmp_path: Path, dest: Path) 
     free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
     source = tmp_path / "sparse"
     source.mkdir()
-    with (source / "huge.bin").open("wb") as handle:  # sparse: costs no space in the source
-        handle.truncate(free + 2**30)
+    # Sparse: costs no space in the source. A whole TiB beyond what is free now, so that space freed by
+    # other jobs meanwhile (make test runs two at a time) cannot let the copy start: with 1 GiB beyond,
+    # a scenario's teardown once did, and the copy of zeros filled the machine's disk.
+    with (source / "huge.bin").open("wb") as handle:
+        handle.truncate(free + 2**40)
     (source / "SHA256SUMS").write_text("0" * 64 + "  huge.bin\n")
     result = stage(tmp_path, src=str(source), dest=str(dest))
     assert result["failed"] is True and "more are needed in" in result["msg"] and "free" in result["msg"]
