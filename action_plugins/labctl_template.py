@@ -17,6 +17,14 @@ write, with the same attributes; a file it is unsure of goes the builtin's way.
 With ``content`` instead of ``src`` the file holds exactly that text, as ansible.builtin.copy writes
 it (a generated JSON dashboard, which cannot carry an ansible_managed comment); the fallback is then
 ansible.builtin.copy.
+
+With ``files`` (a list of such files, of directories with ``state: directory`` and of paths to remove
+with ``state: absent``) one task writes
+several: one call on the target judges them all, and only those not current go, in order, the
+builtin's way (ansible.builtin.template, copy or file). A role's configuration files then cost one
+call on a no-op re-run instead of one each (Issue 31). An entry's ``vars`` are added to the
+template's variables (a loop's item, e.g. the replica a file is for). The task reports changed when
+any entry changed; ``results`` holds one answer per entry and ``changed_files`` the paths written.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import time
 import typing as t
 
 from ansible import constants
-from ansible.errors import AnsibleError
+from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.module_utils.common.text.converters import to_bytes
 from ansible.plugins.action import ActionBase
 from ansible.template import trust_as_template
@@ -41,6 +49,12 @@ DELIMITERS = ("variable_start_string", "variable_end_string", "block_start_strin
 FAST_ARGS = frozenset(("src", "dest", "owner", "group", "mode", "validate", "backup", *DELIMITERS))
 # With content instead of src the task is ansible.builtin.copy's (a file with exactly that text).
 CONTENT_ARGS = frozenset(("content", "dest", "owner", "group", "mode", "validate", "backup"))
+# An entry of files: a template (src) or a content file, a directory (state: directory), or a path to
+# remove (state: absent, dest alone); vars are extra template variables. Owner, group and mode are
+# required for the first three: a batch writes nothing with default attributes.
+ENTRY_ARGS = frozenset(("src", "content", "state", "dest", "owner", "group", "mode", "validate", "vars",
+                        "variable_start_string", "variable_end_string"))
+ENTRY_REQUIRED = ("dest", "owner", "group", "mode")
 
 
 def template_vars(path: str, fullpath: str, dest_path: str, include_ansible_managed: bool) -> dict[str, t.Any]:
@@ -82,6 +96,8 @@ class ActionModule(ActionBase):
         task_vars = task_vars if task_vars is not None else {}
         result = super().run(tmp, task_vars)
         args = self._task.args
+        if "files" in args:
+            return self._many(result, task_vars)
         if "content" in args:
             builtin, content = "ansible.builtin.copy", args["content"]
             fast = set(args) <= CONTENT_ARGS and isinstance(content, str) and isinstance(args.get("dest"), str)
@@ -101,6 +117,100 @@ class ActionModule(ActionBase):
                 result.update(dest=state["path"], changed=False, answered_by="labctl_file_state")
                 return result
         return self._builtin(builtin, task_vars)
+
+    def _entries(self) -> list[dict[str, t.Any]]:
+        """The files argument, checked: each entry names its path, owner, group and mode, and is a
+        template (src), a content file or a directory (state: directory); nothing else is allowed."""
+        extra = sorted(set(self._task.args) - {"files"})
+        if extra:
+            raise AnsibleActionFail(f"labctl_template: files cannot be combined with {', '.join(extra)}")
+        files = self._task.args["files"]
+        if not isinstance(files, list):
+            raise AnsibleActionFail("labctl_template: files must be a list")
+        for number, entry in enumerate(files, 1):
+            where = f"labctl_template: files entry {number}"
+            if not isinstance(entry, dict):
+                raise AnsibleActionFail(f"{where} is not a mapping: {entry!r}")
+            where += f" ({entry.get('dest', '?')})"
+            unknown = sorted(set(entry) - ENTRY_ARGS)
+            if unknown or not entry.get("dest"):
+                raise AnsibleActionFail(f"{where}: unsupported {', '.join(unknown) or '-'}; dest {entry.get('dest')!r}")
+            state = entry.get("state", "file")
+            if state not in ("file", "directory", "absent"):
+                raise AnsibleActionFail(f"{where}: state must be file, directory or absent")
+            if state == "absent":
+                if set(entry) - {"dest", "state", "vars"}:
+                    raise AnsibleActionFail(f"{where}: state: absent takes dest alone")
+                continue
+            missing = [key for key in ENTRY_REQUIRED if entry.get(key) in (None, "")]
+            if missing:
+                raise AnsibleActionFail(f"{where}: missing {', '.join(missing)}")
+            if (state == "directory") != (("src" not in entry) and ("content" not in entry)) or (
+                    "src" in entry and "content" in entry):
+                raise AnsibleActionFail(f"{where}: give exactly one of src and content (or state: directory alone)")
+            if not isinstance(entry.get("vars", {}), dict):
+                raise AnsibleActionFail(f"{where}: vars must be a mapping")
+        return files
+
+    def _many(self, result: dict[str, t.Any], task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
+        """Several files and directories: one call judges them all; the builtin writes those not current."""
+        entries = self._entries()
+        wants: list[dict[str, t.Any]] = []
+        for entry in entries:
+            if entry.get("state") == "absent":
+                wants.append({"path": entry["dest"], "state": "absent"})
+                continue
+            attrs = {key: entry[key] for key in ("owner", "group", "mode")}
+            if entry.get("state") == "directory":
+                wants.append({"path": entry["dest"], "state": "directory", **attrs})
+                continue
+            args = {key: value for key, value in entry.items() if key not in ("vars", "state")}
+            if "content" in args:
+                content = args["content"]
+                rendered = to_bytes(content, errors="surrogate_or_strict") if isinstance(content, str) else None
+            else:
+                rendered = self._render(args, {**task_vars, **entry.get("vars", {})})
+            # a file that cannot be rendered here is never current: the builtin renders it and says why
+            wants.append({"path": entry["dest"], "checksum": hashlib.sha1(rendered).hexdigest() if rendered is not None
+                          else "-", **attrs})
+        if not wants:  # an empty list (e.g. no dashboards): nothing to judge, no call
+            states: list[dict[str, t.Any]] = []
+        elif builtin_only():
+            states = [{} for _ in wants]
+        else:
+            answer = self._execute_module(module_name="labctl_file_state", module_args={"files": wants},
+                                          task_vars=task_vars)
+            states = answer.get("files") or [{} for _ in wants] if not answer.get("failed") else [{} for _ in wants]
+        results: list[dict[str, t.Any]] = []
+        diffs: list[t.Any] = []
+        for entry, state in zip(entries, states, strict=True):
+            if state.get("current"):
+                results.append({"dest": entry["dest"], "changed": False, "answered_by": "labctl_file_state"})
+                continue
+            if entry.get("state") == "absent":
+                done = self._execute_module(module_name="ansible.legacy.file", task_vars=task_vars,
+                                            module_args={"path": entry["dest"], "state": "absent"})
+            elif entry.get("state") == "directory":
+                done = self._execute_module(
+                    module_name="ansible.legacy.file", task_vars=task_vars,
+                    module_args={"path": entry["dest"], "state": "directory",
+                                 **{key: entry[key] for key in ("owner", "group", "mode")}})
+            else:
+                args = {key: value for key, value in entry.items() if key not in ("vars", "state")}
+                builtin = "ansible.builtin.copy" if "content" in args else "ansible.builtin.template"
+                done = self._builtin(builtin, {**task_vars, **entry.get("vars", {})}, args)
+            if done.get("diff"):
+                diffs.extend(done["diff"] if isinstance(done["diff"], list) else [done["diff"]])
+            if done.get("failed"):
+                result.update(failed=True, msg=f"{entry['dest']}: {done.get('msg', 'failed')}", results=results,
+                              changed=any(r["changed"] for r in results))
+                return result
+            results.append({"dest": entry["dest"], "changed": bool(done.get("changed"))})
+        result.update(changed=any(r["changed"] for r in results), results=results,
+                      changed_files=[r["dest"] for r in results if r["changed"]])
+        if diffs:
+            result["diff"] = diffs
+        return result
 
     def _render(self, args: dict[str, t.Any], task_vars: dict[str, t.Any]) -> bytes | None:
         """The bytes ansible.builtin.template would write, or None when in doubt (the builtin decides)."""
@@ -123,9 +233,13 @@ class ActionModule(ActionBase):
             return None  # the builtin reports the error in its own words
         return bytes(to_bytes("" if text is None else str(text), encoding="utf-8", errors="surrogate_or_strict"))
 
-    def _builtin(self, name: str, task_vars: dict[str, t.Any]) -> dict[str, t.Any]:
+    def _builtin(self, name: str, task_vars: dict[str, t.Any], args: dict[str, t.Any] | None = None
+                 ) -> dict[str, t.Any]:
+        task = self._task.copy()
+        if args is not None:
+            task.args = args
         action = self._shared_loader_obj.action_loader.get(
-            name, task=self._task.copy(), connection=self._connection,
+            name, task=task, connection=self._connection,
             play_context=self._play_context, loader=self._loader, templar=self._templar,
             shared_loader_obj=self._shared_loader_obj)
         return t.cast(dict[str, t.Any], action.run(task_vars=task_vars))

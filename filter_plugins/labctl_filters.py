@@ -42,8 +42,37 @@ def labctl_topology(groups: Any, hostvars: Any, gpu_source: str = "facts", bundl
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def labctl_each(items: Any, var: str, contents: Any = None, **entry: Any) -> list[dict[str, Any]]:
+    """labctl_template's files entries, one per item (what a loop over labctl_template would write, in
+    one task): each gets the item as the template variable `var`, and `dest` and `src` are formatted
+    with it (str.format: "replica-{item[index]}.yaml", or "{item}" for a plain item). With `contents`
+    (a list as long as the items) entry i holds exactly contents[i] (a generated file, not a template)."""
+    if not isinstance(var, str) or not var.isidentifier():
+        raise AnsibleFilterError(f"labctl_each: the variable name {var!r} is not a valid name")
+    dest = entry.get("dest")
+    if not isinstance(dest, str):
+        raise AnsibleFilterError("labctl_each: dest (a format string) is required")
+    items = list(items or [])
+    if contents is not None and (isinstance(contents, str) or len(list(contents)) != len(items)):
+        raise AnsibleFilterError(f"labctl_each: contents must be a list of {len(items)} texts, one per item")
+    out = []
+    for number, item in enumerate(items):
+        one = {**entry, "vars": {**entry.get("vars", {}), var: item}}
+        if contents is not None:
+            one["content"] = list(contents)[number]
+        for key in ("dest", "src"):
+            if isinstance(entry.get(key), str):
+                try:
+                    one[key] = entry[key].format(item=item)
+                except (KeyError, IndexError, AttributeError, ValueError) as exc:
+                    raise AnsibleFilterError(f"labctl_each: {key} {entry[key]!r} does not fit the item {item!r}: {exc}") from exc
+        out.append(one)
+    return out
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_topology": labctl_topology,
+            "labctl_each": labctl_each,
         }

@@ -37,9 +37,9 @@ options:
         type: path
         required: true
       state:
-        description: What the path should be.
+        description: What the path should be (C(absent) - nothing at that path, not even a link).
         type: str
-        choices: [file, directory]
+        choices: [file, directory, absent]
         default: file
       checksum:
         description: SHA-1 (hex) of the content a file should hold (required for C(state=file)).
@@ -108,6 +108,10 @@ def path_state(module: AnsibleModule, want: dict[str, t.Any]) -> dict[str, t.Any
     """Whether one path is as `want` says, with its attributes when it is."""
     path: str = want["path"]
     directory = want.get("state") == "directory"
+    if want.get("state") == "absent":
+        # nothing there, not even a dangling link, is current
+        return {"current": True, "reason": "", "path": path, "state": "absent"} if not os.path.lexists(path) \
+            else {"current": False, "reason": "present"}
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -150,7 +154,7 @@ def main() -> None:
                 "type": "list", "elements": "dict", "required": True,
                 "options": {
                     "path": {"type": "path", "required": True},
-                    "state": {"type": "str", "choices": ["file", "directory"], "default": "file"},
+                    "state": {"type": "str", "choices": ["file", "directory", "absent"], "default": "file"},
                     "checksum": {"type": "str"},
                     "owner": {"type": "str"},
                     "group": {"type": "str"},

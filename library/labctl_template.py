@@ -17,7 +17,11 @@ description:
   - Otherwise, or with an argument not listed here, the task is handed unchanged to
     M(ansible.builtin.template), which writes, validates, diffs and reports. Check mode and diff
     mode behave as the builtin's.
-  - Exactly one of O(src) and O(content) is given.
+  - Exactly one of O(src), O(content) and O(files) is given.
+  - "With O(files) one task writes several files and directories: one call on the target judges
+    them all; only those not current go, in order, to M(ansible.builtin.template),
+    M(ansible.builtin.copy) or M(ansible.builtin.file). The task is changed when any entry
+    changed; its C(results) hold one answer per entry, C(changed_files) the paths written."
   - This file only documents the arguments (for ansible-doc and ansible-lint); running it as a
     module fails.
 options:
@@ -31,9 +35,51 @@ options:
         then M(ansible.builtin.copy).
     type: str
   dest:
-    description: The file on the target.
+    description: The file on the target (required without O(files)).
     type: path
-    required: true
+  files:
+    description: Several files and directories, each judged in the same one call.
+    type: list
+    elements: dict
+    suboptions:
+      src:
+        description: A template, as O(src).
+        type: path
+      content:
+        description: The exact text, as O(content).
+        type: str
+      state:
+        description:
+          - C(directory) for a directory (no O(files[].src) nor O(files[].content)).
+          - C(absent) for a path to remove (O(files[].dest) alone).
+        type: str
+        choices: [file, directory, absent]
+        default: file
+      dest:
+        description: The file or directory on the target.
+        type: path
+        required: true
+      owner:
+        description: Owner (required unless C(state=absent)).
+        type: str
+      group:
+        description: Group (required unless C(state=absent)).
+        type: str
+      mode:
+        description: Octal permission bits, quoted (required unless C(state=absent)).
+        type: raw
+      validate:
+        description: As O(validate).
+        type: str
+      vars:
+        description: Variables added to the template's (a loop item, such as the replica the file is for).
+        type: dict
+      variable_start_string:
+        description: As O(variable_start_string).
+        type: str
+      variable_end_string:
+        description: As O(variable_end_string).
+        type: str
   owner:
     description: Owner of the file.
     type: str
@@ -81,6 +127,28 @@ EXAMPLES = r"""
     group: root
     mode: "0644"
   notify: Reload systemd
+
+- name: Write the environment and each replica's flags (one call when all are current)
+  labctl_template:
+    files:
+      - src: vllm.env.j2
+        dest: /etc/labctl/vllm/vllm.env
+        owner: root
+        group: vllm
+        mode: "0640"
+      - dest: /etc/labctl/vllm/replicas
+        state: directory
+        owner: root
+        group: vllm
+        mode: "0750"
+      - src: replica.yaml.j2
+        dest: /etc/labctl/vllm/replicas/0.yaml
+        owner: root
+        group: vllm
+        mode: "0640"
+        vars:
+          replica: {index: 0, port: 8000}
+  register: written
 """
 
 RETURN = r"""
@@ -92,6 +160,16 @@ checksum:
   description: SHA-1 of the file's content.
   returned: success
   type: str
+results:
+  description: With O(files), one answer per entry (C(dest), C(changed)), in order.
+  returned: with files
+  type: list
+  elements: dict
+changed_files:
+  description: With O(files), the paths written or whose attributes were set.
+  returned: with files
+  type: list
+  elements: str
 answered_by:
   description: C(labctl_file_state) when the one-call check found the file current (absent when the builtin ran).
   returned: when the file was current

@@ -22,7 +22,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
-from labctl import topology_checks
+from labctl import models, topology_checks
 
 GPU_GROUP = "gpu_hosts"
 GATEWAY_GROUP = "gateway_hosts"
@@ -89,10 +89,13 @@ DCGM_PACKAGES = ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-export
 SETTING_VARIABLES = frozenset({v for role, project, _ in SETTINGS.values() for v in (role, project) if v} | set(SERVED_NAME)
                               | {EXPECTED_GPUS, "ansible_host"})
 # Every variable the topology reads, for the filter to pick out of hostvars.
+# Several models side by side (Issue 32): checked and placed by labctl.models, refused until the
+# roles serve them.
+MODELS = "lab_models"
 INPUT_VARIABLES = sorted(
     {v for role, project, _ in SETTINGS.values() for v in (role, project) if v}
     | set(SERVED_NAME)
-    | {EXPECTED_GPUS, "ansible_host"}
+    | {EXPECTED_GPUS, "ansible_host", MODELS}
     | set(topology_checks.INPUT_VARIABLES)
 )
 # The facts it reads (labctl_gpu_facts and the setup module's).
@@ -378,6 +381,7 @@ def lab_topology(
         if entry["exporters"]["listen"].startswith("127.") and away:
             problems.append(f"{host}: its exporters listen on loopback only, out of reach of Prometheus on {', '.join(away)}: "
                             "set node_exporter_listen_address")
+    problems += _models_problems(everyone, hosts)
     if gpu_hosts and gateways and not replicas and not problems:
         problems.append(f"no vLLM replica planned on any host of {GPU_GROUP}")
     for host in gateways if not problems else []:
@@ -395,6 +399,27 @@ def lab_topology(
         "drain_dir": DRAIN_DIR,
         "problems": problems,
     }
+
+
+def _models_problems(everyone: list[str], hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """lab_models, once per distinct value: its own errors (entry and field), else the refusal of a
+    list the roles do not serve yet. Silence would serve one model while the inventory lists several."""
+    seen: list[Any] = []
+    found: list[str] = []
+    for host in everyone:
+        value = (hosts.get(host) or {}).get(MODELS)
+        if value is None or value in seen:
+            continue
+        seen.append(value)
+        try:
+            listed = models.parse(value)
+        except models.ModelsError as exc:
+            found.append(f"{host}: {exc}")
+            continue
+        found.append(f"{host}: {MODELS} lists {len(listed)} model(s) ({', '.join(m['name'] for m in listed)}): several "
+                     "models side by side are checked and placed (labctl.models) but not served yet (Issue 32); "
+                     "remove lab_models and serve one model with lab_model_name")
+    return found
 
 
 def _settings(given: Mapping[str, Any], host: str, roles: list[str], groups: Mapping[str, Any]) -> dict[str, Any]:

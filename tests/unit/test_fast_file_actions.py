@@ -173,6 +173,74 @@ def test_directories_refuse_an_incomplete_entry(tmp_path: Path) -> None:
     assert "entry 1 needs exactly path, owner, group and mode" in result.stdout
 
 
+def files_task(**more: Any) -> dict[str, Any]:
+    """One labctl_template task with files: a directory, a template per port (its vars), the rules with
+    other delimiters and a content file."""
+    return {"name": "Many", "register": "out", "labctl_template": {"files": [
+        {"dest": "{{ root }}/d", "state": "directory", "owner": "root", "group": "root", "mode": "0750"},
+        *({"src": "app.conf.j2", "dest": "{{ root }}/d/app-" + str(port) + ".conf", "owner": "root",
+           "group": "root", "mode": "0640", "vars": {"name": "svc-" + str(port)}} for port in (1, 2)),
+        {"src": "rules.yml.j2", "dest": "{{ root }}/rules.yml", "owner": "root", "group": "root", "mode": "0644",
+         "variable_start_string": "[[", "variable_end_string": "]]"},
+        {"content": "exact\ntext", "dest": "{{ root }}/plain", "owner": "root", "group": "root", "mode": "0600"},
+        {"dest": "{{ root }}/stale.conf", "state": "absent"},
+    ], **more}}
+
+
+def test_files_in_one_task_are_written_then_answered_in_one_call(tmp_path: Path, root: Path) -> None:
+    (root / "stale.conf").write_text("left from another placement\n")
+    result = ok(run(tmp_path, [files_task(), show()]))
+    assert recap(result)["changed"] == 1
+    answer = shown(result)[0]
+    assert [r["changed"] for r in answer["results"]] == [True] * 6
+    assert not (root / "stale.conf").exists()
+    assert "\nname=svc-2\n" in (root / "d" / "app-2.conf").read_text(), "an entry's vars reach its template"
+    assert "{{ $value }}" in (root / "rules.yml").read_text() and (root / "plain").read_bytes() == b"exact\ntext"
+    assert oct((root / "d").stat().st_mode & 0o777) == "0o750"
+
+    # Byte for byte what the builtin writes: the next run is one call, all current.
+    result = ok(run(tmp_path, [files_task(), show()]))
+    assert recap(result)["changed"] == 0
+    answer = shown(result)[0]
+    assert {r["answered_by"] for r in answer["results"]} == {"labctl_file_state"} and answer["changed_files"] == []
+
+    # Drift in one file: check mode reports it (with its diff) and writes nothing; the run repairs only it.
+    (root / "d" / "app-1.conf").write_text("edited by hand\n")
+    result = ok(run(tmp_path, [files_task(), show()], "--check", "--diff"))
+    assert recap(result)["changed"] == 1 and "-edited by hand" in result.stdout and "+name=svc-1" in result.stdout
+    assert shown(result)[0]["changed_files"] == [str(root / "d" / "app-1.conf")]
+    assert (root / "d" / "app-1.conf").read_text() == "edited by hand\n", "check mode changed the file"
+    result = ok(run(tmp_path, [files_task(), show()]))
+    assert shown(result)[0]["changed_files"] == [str(root / "d" / "app-1.conf")]
+    assert "name=svc-1" in (root / "d" / "app-1.conf").read_text()
+    assert recap(ok(run(tmp_path, [files_task()])))["changed"] == 0
+
+
+def test_files_stop_at_the_first_failure_naming_it(tmp_path: Path, root: Path) -> None:
+    task = files_task()
+    task["labctl_template"]["files"][1]["validate"] = "/bin/false %s"
+    result = run(tmp_path, [task])
+    assert result.returncode != 0 and f"{root}/d/app-1.conf: failed to validate" in result.stdout, result.stdout[-3000:]
+    assert (root / "d").is_dir() and not (root / "d" / "app-1.conf").exists() and not (root / "plain").exists()
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({"src": "app.conf.j2", "dest": "/x", "owner": "root", "group": "root"}, "entry 1 (/x): missing mode"),
+    ({"dest": "/x", "state": "absent", "mode": "0644"}, "entry 1 (/x): state: absent takes dest alone"),
+    ({"dest": "/x", "state": "link"}, "entry 1 (/x): state must be file, directory or absent"),
+    ({"src": "app.conf.j2", "dest": "/x", "owner": "root", "group": "root", "mode": "0644", "backup": True},
+     "entry 1 (/x): unsupported backup"),
+    ({"dest": "/x", "owner": "root", "group": "root", "mode": "0644"}, "entry 1 (/x): give exactly one of src and content"),
+    ({"src": "a", "content": "b", "dest": "/x", "owner": "root", "group": "root", "mode": "0644"},
+     "entry 1 (/x): give exactly one of src and content"),
+    ({"src": "a", "dest": "/x", "state": "directory", "owner": "root", "group": "root", "mode": "0755"},
+     "entry 1 (/x): give exactly one of src and content"),
+])
+def test_files_refuse_a_bad_entry_before_anything_changes(tmp_path: Path, entry: dict[str, Any], message: str) -> None:
+    result = run(tmp_path, [{"name": "Bad", "labctl_template": {"files": [entry]}}])
+    assert result.returncode != 0 and message in result.stdout, result.stdout[-2000:]
+
+
 class FakeModule:
     """What path_state uses of AnsibleModule."""
 
@@ -206,6 +274,11 @@ def test_file_state_says_not_current_when_unsure(tmp_path: Path) -> None:
     assert labctl_file_state.path_state(FakeModule(), {**want, "path": str(tmp_path / "none")})["reason"] == "missing"
     assert labctl_file_state.path_state(FakeModule(), {"path": str(tmp_path), "state": "directory"})["current"] is True
     assert labctl_file_state.path_state(FakeModule(), {"path": str(target), "state": "directory"})["current"] is False
+    assert labctl_file_state.path_state(FakeModule(), {"path": str(tmp_path / "none"), "state": "absent"})["current"]
+    assert labctl_file_state.path_state(FakeModule(), {"path": str(link), "state": "absent"})["reason"] == "present"
+    target.unlink()
+    assert labctl_file_state.path_state(FakeModule(), {"path": str(link), "state": "absent"})["reason"] == "present", \
+        "a dangling link is still something at that path"
 
 
 def test_documentation_parses_for_ansible_doc(tmp_path: Path) -> None:
@@ -215,7 +288,44 @@ def test_documentation_parses_for_ansible_doc(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     docs = json.loads(out.stdout)
     assert {"src", "content", "dest", "owner", "group", "mode", "validate", "backup",
-            "variable_start_string"} <= set(docs["labctl_template"]["doc"]["options"])
+            "variable_start_string", "files"} <= set(docs["labctl_template"]["doc"]["options"])
+    # what the action accepts in an entry is what the documentation lists (ansible-lint checks tasks with it)
+    spec = importlib.util.spec_from_file_location("labctl_template_action", REPO / "action_plugins" / "labctl_template.py")
+    assert spec and spec.loader
+    action = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(action)
+    assert set(docs["labctl_template"]["doc"]["options"]["files"]["suboptions"]) == set(action.ENTRY_ARGS)
     assert set(docs["labctl_directories"]["doc"]["options"]["directories"]["suboptions"]) == {"path", "owner", "group", "mode"}
+    assert docs["labctl_file_state"]["doc"]["options"]["files"]["suboptions"]["state"]["choices"] == [
+        "file", "directory", "absent"]
     assert set(docs["labctl_file_state"]["doc"]["options"]["files"]["suboptions"]) == {
         "path", "state", "checksum", "owner", "group", "mode"}
+
+
+def _filters() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("labctl_filters_each", REPO / "filter_plugins" / "labctl_filters.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_makes_one_entry_per_item() -> None:
+    each = _filters().labctl_each
+    plan = [{"index": 0, "port": 8000}, {"index": 1, "port": 8001}]
+    entries = each(plan, "__replica", src="r.j2", dest="/etc/x/replica-{item[index]}.yaml", owner="root",
+                   group="vllm", mode="0640")
+    assert [e["dest"] for e in entries] == ["/etc/x/replica-0.yaml", "/etc/x/replica-1.yaml"]
+    assert entries[1]["vars"] == {"__replica": plan[1]} and entries[0]["src"] == "r.j2"
+    assert each(["a", "b"], "name", dest="/d/{item}.yaml")[1]["dest"] == "/d/b.yaml"
+    assert each(["a"], "name", src="t/{item}.yaml.j2", dest="/d/{item}.yaml")[0]["src"] == "t/a.yaml.j2"
+    assert each([], "name", dest="/d/{item}") == []
+    from ansible.errors import AnsibleFilterError
+    assert [e["content"] for e in each(["a", "b"], "n", contents=["A", "B"], dest="/d/{item}")] == ["A", "B"]
+    with pytest.raises(AnsibleFilterError, match="contents must be a list of 2 texts"):
+        each(["a", "b"], "n", contents=["A"], dest="/d/{item}")
+    from ansible.errors import AnsibleFilterError
+    with pytest.raises(AnsibleFilterError, match="does not fit the item"):
+        each(plan, "r", dest="/d/{item[name]}")
+    with pytest.raises(AnsibleFilterError, match="not a valid name"):
+        each(plan, "not a name", dest="/d/{item}")

@@ -44,6 +44,11 @@ def test_dashboard_defaults_set_the_spend_prices_of_the_shipped_dashboard() -> N
     assert variables["usd_per_mtok_output"]["current"]["text"] == "0.8"
     assert json.loads(path.read_text()) == dashboard, "the input is not modified"
     assert grafana.labctl_dashboard_defaults(dashboard, {}) == dashboard
+    both = grafana.labctl_dashboards_defaults([json.dumps(dashboard)] * 2, ["a.json", "b.json"],
+                                              {"b.json": {"usd_per_mtok_input": 0.3}})
+    assert both[0] == dashboard and both[1] != dashboard
+    with pytest.raises(AnsibleFilterError, match="1 dashboard texts for 2 file names"):
+        grafana.labctl_dashboards_defaults(["{}"], ["a.json", "b.json"], {})
     # The role hands over the JSON text (parsed here, no deep copy of Ansible's lazy containers).
     assert grafana.labctl_dashboard_defaults(path.read_text(), {"usd_per_mtok_input": 0.2, "usd_per_mtok_output": "0.8"}) == changed
     with pytest.raises(AnsibleFilterError, match=r"no variable.*usd_per_mtok_inptu"):

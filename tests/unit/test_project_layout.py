@@ -152,9 +152,17 @@ def test_files_are_written_through_the_one_call_checks(role: Path) -> None:
         for task in _tasks(yaml.safe_load(path.read_text())):
             assert "ansible.builtin.template" not in task, f"{path.relative_to(REPO)}: {task.get('name')}: use labctl_template"
             args = task.get("labctl_template")
-            if args is not None:
+            where = f"{path.relative_to(REPO)}: {task.get('name')}"
+            if isinstance(args, dict) and "files" in args:
+                # several files in one task: a literal list is checked here, a computed one (labctl_each)
+                # by the action itself, which refuses an entry without them before anything changes
+                entries = args["files"] if isinstance(args["files"], list) else []
+                for entry in entries:
+                    assert entry.get("state") == "absent" or {"owner", "group", "mode"} <= set(entry), \
+                        f"{where}: {entry.get('dest')}: owner, group and mode are explicit"
+            elif args is not None:
                 assert isinstance(args, dict) and {"owner", "group", "mode"} <= set(args), \
-                    f"{path.relative_to(REPO)}: {task.get('name')}: owner, group and mode are explicit"
+                    f"{where}: owner, group and mode are explicit"
 
 
 def test_no_private_ansible_core_api() -> None:

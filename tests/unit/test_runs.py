@@ -17,7 +17,7 @@ import pytest
 
 from labctl.runs.exitcodes import Exit
 from labctl.runs.lock import InventoryLock, LockHeld, lock_path
-from labctl.runs.playbook import _outcome
+from labctl.runs.playbook import _Collector, _outcome, summary_lines
 from labctl.runs.records import HostStats, Record, RecordStore, TaskNote
 
 LABCTL = str(Path(sys.executable).parent / "labctl")
@@ -238,6 +238,25 @@ def test_outcome_rules() -> None:
     assert _outcome(record("drift", changes=[TaskNote("h", "t")]), "successful", False) == "drift"
     assert _outcome(record("drift"), "successful", False) == "ok"
     assert _outcome(record(), "failed", False) == "failed"  # e.g. a syntax error: no task failed
+
+
+def test_drift_names_the_files_a_many_file_task_would_change() -> None:
+    """labctl_template's files: one task writes a role's files; drift names those that differ."""
+    import io
+
+    class Quiet:
+        def event(self, event: object) -> None:
+            pass
+
+    record = Record(id="x", command="drift", argv=[], inventory="", revision="", started=0)
+    collect = _Collector(record, io.StringIO(), Quiet())  # type: ignore[arg-type]
+    for res in ({"changed": True, "changed_files": ["/etc/labctl/vllm/replica-1.yaml", "/etc/labctl/vllm/replica-1.env"]},
+                {"changed": True}, {"changed": True, "censored": "no_log"}, {"changed": False, "changed_files": []}):
+        collect({"event": "runner_on_ok", "event_data": {"host": "gpu1", "task": "Write", "role": "vllm", "res": res}})
+    lines = summary_lines(record)
+    assert "  gpu1 would change (3):" in lines
+    assert "    - Write (/etc/labctl/vllm/replica-1.yaml, /etc/labctl/vllm/replica-1.env)" in lines
+    assert lines.count("    - Write") == 2
 
 
 def test_old_records_are_pruned(tmp_path: Path) -> None:

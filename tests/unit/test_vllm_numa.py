@@ -314,6 +314,12 @@ def test_the_role_binds_only_what_the_topology_bound() -> None:
         return env.from_string("{{ (" + expression.group(1) + ") | map(attribute='index') | list }}").render(
             __vllm_plan=replicas, vllm_numa_policy=policy)
     assert picked(plan, "bind") == "[0]" and picked(two, "bind") == "[0, 1]" and picked(two, "none") == "[]"
+    # One task writes the bound replicas' drop-ins and removes the others' (labctl_template's files);
+    # which replicas a changed drop-in restarts: tests/unit/test_vllm_touched.py runs that expression.
     configure = (ROLE / "tasks" / "configure.yml").read_text()
-    for registered in ("__vllm_numa.results", "__vllm_numa_gone.results"):
-        assert registered in configure.split("- name: Work out which replicas a change touches")[1]
+    units = configure.split("- name: Write the systemd template unit and bind each replica to its GPUs' NUMA node")[1]
+    units = units.split("- name: ")[0]
+    assert "__vllm_numa_bound | labctl_each(" in units and "labctl-numa.conf" in units
+    assert "rejectattr('index', 'in', __vllm_numa_bound" in units and "state='absent'" in units
+    assert "register: __vllm_units" in units and "notify: vllm units changed" in units
+    assert "__vllm_units.changed_files" in configure.split("- name: Work out which replicas a change touches")[1]

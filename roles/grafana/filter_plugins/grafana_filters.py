@@ -34,6 +34,14 @@ def labctl_dashboard_defaults(dashboard: dict[str, Any] | str, values: dict[str,
     return result
 
 
+def labctl_dashboards_defaults(dashboards: list[str], names: list[str], values: dict[str, Any]) -> list[dict[str, Any]]:
+    """labctl_dashboard_defaults for several dashboards (their JSON texts) at once, each with the
+    values given for its file name in `values` (none: as it is)."""
+    if len(dashboards) != len(names):
+        raise AnsibleFilterError(f"{len(dashboards)} dashboard texts for {len(names)} file names")
+    return [labctl_dashboard_defaults(text, dict(values.get(name, {}))) for text, name in zip(dashboards, names, strict=True)]
+
+
 def labctl_dashboard_uid(dashboard: str) -> str:
     """The uid of a dashboard's JSON text (the role checks Grafana serves each one by it). A file
     without one is an error: Grafana would give it a random uid, which nothing can refer to."""
@@ -48,4 +56,5 @@ class FilterModule:
         return {
             "labctl_dashboard_defaults": labctl_dashboard_defaults,
             "labctl_dashboard_uid": labctl_dashboard_uid,
+            "labctl_dashboards_defaults": labctl_dashboards_defaults,
         }

@@ -84,7 +84,10 @@ class _Collector:
         elif kind == "runner_on_unreachable":
             self.record.failures.append(TaskNote(host, task, "unreachable: " + displays.message_of(data), role))
         elif kind == "runner_on_ok" and isinstance(data.get("res"), dict) and data["res"].get("changed"):
-            self.record.changes.append(TaskNote(host, task, "", role))
+            # a task writing several files (labctl_template's files) names those it changed
+            files = data["res"].get("changed_files")
+            written = ", ".join(map(str, files)) if isinstance(files, list) else ""
+            self.record.changes.append(TaskNote(host, task, written, role))
         elif kind == "playbook_on_stats":
             names = set().union(*(data.get(k) or {} for k in ("ok", "changed", "failures", "dark", "skipped")))
             self.record.hosts = {
@@ -217,7 +220,7 @@ def summary_lines(record: Record) -> list[str]:
     if record.command == "drift":
         by_host: dict[str, list[str]] = {}
         for change in record.changes:
-            by_host.setdefault(change.host, []).append(change.task)
+            by_host.setdefault(change.host, []).append(change.task + (f" ({change.message})" if change.message else ""))
         for host, tasks in by_host.items():
             lines.append(f"  {host} would change ({len(tasks)}):")
             lines += [f"    - {task}" for task in tasks]

@@ -1,0 +1,254 @@
+"""Several models side by side (Issue 32): the ``lab_models`` list, checked, and its placement on a
+host's GPUs.
+
+A first slice: this module is the placement the topology will use; no role reads it yet, and a
+lab that sets ``lab_models`` is refused by the topology until every layer follows the list (the
+vllm, litellm, prometheus, grafana and artifacts roles). Keep it **stdlib only** and compatible
+with Python 3.9, like labctl.topology.
+
+An entry of ``lab_models``::
+
+    - id: 0                       # 0-99, fixed for the model's life: its ports and units follow from it
+      name: gpt-oss-120b          # the model in the bundle (bundle/models/<name>/<revision>)
+      revision: main
+      served_names: [gpt-oss-120b]            # default: [name]; each published by the gateway
+      classes: [interactive, batch]           # default: [interactive]
+      kind: generate              # or embed (vLLM's pooling runner)
+      gpus: 2                     # a count per host, a list of GPU indices ([1]), or omitted: every GPU left
+      gpu_memory_utilization: 0.85            # the share of each of its GPUs' memory (vLLM's flag)
+      tensor_parallel_size: 1
+      flags: {max-model-len: 8192}            # more vLLM flags
+
+Placement on a host, per model in id order (explicit lists first, then counts, then "every GPU
+left"): a replica takes ``tensor_parallel_size`` GPUs that each still have its share of memory
+free; GPUs of one NUMA node together where the facts give the nodes. Model ``id`` k's replica i is
+index 100*k + i, port base + 100*k + i, unit vllm@<index>: model 0 keeps the one-model lab's
+indices, ports and names, and adding or removing a model moves no other model's replica.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+KINDS = ("generate", "embed")
+CLASSES = ("interactive", "batch")
+MAX_ID = 99
+ID_STRIDE = 100
+DEFAULT_UTILIZATION = 0.80
+# vLLM refuses a start when less memory is free than its share; two shares on one GPU must add up to
+# at most the whole GPU.
+GPU_CAPACITY = 1.0
+ENTRY_KEYS = frozenset(("id", "name", "revision", "served_names", "classes", "kind", "gpus", "gpu_memory_utilization",
+                        "tensor_parallel_size", "flags"))
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ModelsError(ValueError):
+    """lab_models cannot be used; the message names the entry and the field."""
+
+
+def _where(number: int, entry: Mapping[str, Any]) -> str:
+    name = entry.get("name") if isinstance(entry, Mapping) else None
+    return f"lab_models[{number}]" + (f" ({name})" if isinstance(name, str) and name else "")
+
+
+def _whole(value: Any, where: str, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ModelsError(f"{where} must be a whole number, got {value!r}")
+    if value < low or (high is not None and value > high):
+        raise ModelsError(f"{where}={value} is out of range ({low}-{high if high is not None else 'any'})")
+    return value
+
+
+def _names(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and NAME.match(v) for v in value):
+        raise ModelsError(f"{where} must be a non-empty list of names (letters, digits, '.', '_', '-'), got {value!r}")
+    return list(value)
+
+
+def parse(value: Any, bundle_models: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
+    """The entries of ``lab_models``, checked and completed with their defaults, in id order.
+
+    ``bundle_models``: the bundle's models and their revisions (name: [revision, ...]); when given,
+    an entry the bundle lacks is refused. Raises ModelsError naming the entry and the field."""
+    if not isinstance(value, list) or not value:
+        raise ModelsError(f"lab_models must be a non-empty list of models, got {value!r}")
+    models: list[dict[str, Any]] = []
+    for number, entry in enumerate(value):
+        where = _where(number, entry)
+        if not isinstance(entry, Mapping):
+            raise ModelsError(f"{where} must be a mapping, got {entry!r}")
+        unknown = sorted(set(entry) - ENTRY_KEYS)
+        if unknown:
+            raise ModelsError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(ENTRY_KEYS))})")
+        for key in ("id", "name", "revision"):
+            if key not in entry:
+                raise ModelsError(f"{where}: {key} is required")
+        model_id = _whole(entry["id"], f"{where}: id", 0, MAX_ID)
+        name = _names([entry["name"]], f"{where}: name")[0]
+        revision = entry["revision"]
+        if not isinstance(revision, str) or not revision:
+            raise ModelsError(f"{where}: revision must be the bundle's revision of {name}, got {revision!r}")
+        kind = entry.get("kind", "generate")
+        if kind not in KINDS:
+            raise ModelsError(f"{where}: kind={kind!r} is not one of {', '.join(KINDS)}")
+        served = _names(entry.get("served_names", [name]), f"{where}: served_names")
+        classes = entry.get("classes", ["interactive"])
+        if not isinstance(classes, list) or not classes or any(c not in CLASSES for c in classes):
+            raise ModelsError(f"{where}: classes must be a non-empty list of {', '.join(CLASSES)}, got {classes!r}")
+        if kind == "embed" and "batch" in classes:
+            raise ModelsError(f"{where}: classes: an embedding model has no batch class (its requests are not generations)")
+        tp = _whole(entry.get("tensor_parallel_size", 1), f"{where}: tensor_parallel_size", 1, 64)
+        share = entry.get("gpu_memory_utilization", DEFAULT_UTILIZATION)
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < float(share) <= GPU_CAPACITY:
+            raise ModelsError(f"{where}: gpu_memory_utilization must be a share of a GPU's memory in (0, 1], got {share!r}")
+        gpus = entry.get("gpus")
+        if isinstance(gpus, list):
+            if not gpus or len(set(gpus)) != len(gpus) or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus):
+                raise ModelsError(f"{where}: gpus must be a count, a list of distinct GPU indices, or omitted; got {gpus!r}")
+            if len(gpus) % tp:
+                raise ModelsError(f"{where}: gpus lists {len(gpus)} GPU(s), not a multiple of tensor_parallel_size={tp}")
+        elif gpus is not None:
+            _whole(gpus, f"{where}: gpus", 1)
+            if gpus % tp:
+                raise ModelsError(f"{where}: gpus={gpus} is not a multiple of tensor_parallel_size={tp}")
+        flags = entry.get("flags", {})
+        if not isinstance(flags, Mapping) or not all(isinstance(k, str) and k for k in flags):
+            raise ModelsError(f"{where}: flags must be a mapping of vLLM flag names to values, got {flags!r}")
+        if bundle_models is not None and revision not in list(bundle_models.get(name) or []):
+            have = ", ".join(f"{n}@{r}" for n in sorted(bundle_models) for r in bundle_models[n]) or "none"
+            raise ModelsError(f"{where}: {name}@{revision} is not in the bundle (it carries: {have}); add it to the "
+                              "bundle's models and rebuild it")
+        models.append({"id": model_id, "name": name, "revision": revision, "served_names": served, "classes": list(classes),
+                       "kind": kind, "gpus": list(gpus) if isinstance(gpus, list) else gpus,
+                       "gpu_memory_utilization": float(share), "tensor_parallel_size": tp, "flags": dict(flags),
+                       "entry": number})
+    _unique(models)
+    return sorted(models, key=lambda m: m["id"])
+
+
+def _unique(models: list[dict[str, Any]]) -> None:
+    ids: dict[int, dict[str, Any]] = {}
+    served: dict[str, dict[str, Any]] = {}
+    for m in models:
+        where = _where(m["entry"], m)
+        if m["id"] in ids:
+            raise ModelsError(f"{where}: id {m['id']} is also {_where(ids[m['id']]['entry'], ids[m['id']])}'s: "
+                              "each model needs its own (its ports and units follow from it)")
+        ids[m["id"]] = m
+        for name in m["served_names"]:
+            for public in (name, f"{name}-batch"):
+                other = served.get(public)
+                if other is not None and other is not m:
+                    raise ModelsError(f"{where}: served_names: {public!r} is already served by "
+                                      f"{_where(other['entry'], other)}")
+            served[name] = m
+            if "batch" in m["classes"]:
+                served[f"{name}-batch"] = m
+
+
+def _node_order(gpu_count: int, numa_nodes: Sequence[int] | None) -> list[list[int]]:
+    """The host's GPUs grouped by NUMA node (one group when the nodes are unknown), in index order."""
+    nodes = list(numa_nodes or [])
+    if len(nodes) != gpu_count or any(not isinstance(n, int) or n < 0 for n in nodes):
+        return [list(range(gpu_count))]
+    groups: dict[int, list[int]] = {}
+    for gpu, node in enumerate(nodes):
+        groups.setdefault(node, []).append(gpu)
+    return [groups[n] for n in sorted(groups)]
+
+
+def place(models: list[dict[str, Any]], host: str, gpu_count: int, base_port: int,
+          numa_nodes: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """The replicas of every model on one host: model, index, port, GPUs and their memory share.
+
+    Raises ModelsError naming the entry and the field when a model does not fit: a GPU index the
+    host lacks, a GPU whose shares add up to more than its memory, fewer GPUs with room than a
+    count asks for."""
+    free = dict.fromkeys(range(gpu_count), GPU_CAPACITY)
+    users: dict[int, list[str]] = {gpu: [] for gpu in range(gpu_count)}
+    groups = _node_order(gpu_count, numa_nodes)
+    short = str(host).split(".")[0]
+    order = sorted(models, key=lambda m: (0 if isinstance(m["gpus"], list) else 1 if m["gpus"] else 2, m["id"]))
+    placed: dict[int, list[list[int]]] = {}
+    for m in order:
+        where = _where(m["entry"], m)
+        tp, share = m["tensor_parallel_size"], m["gpu_memory_utilization"]
+        if isinstance(m["gpus"], list):
+            missing = [g for g in m["gpus"] if g >= gpu_count]
+            if missing:
+                raise ModelsError(f"{where}: gpus: {host} has {gpu_count} GPU(s), no GPU {', '.join(map(str, missing))}")
+            chosen = [m["gpus"][i:i + tp] for i in range(0, len(m["gpus"]), tp)]
+            for gpus in chosen:
+                for g in gpus:
+                    if free[g] + 1e-9 < share:
+                        raise ModelsError(
+                            f"{where}: gpus: GPU {g} of {host} has {free[g]:.2f} of its memory left beside "
+                            f"{', '.join(users[g])}, not the {share:.2f} gpu_memory_utilization asks for "
+                            f"(the shares on one GPU add up to at most {GPU_CAPACITY})")
+        else:
+            wanted = None if m["gpus"] is None else m["gpus"] // tp
+            chosen = _fit(groups, free, tp, share, wanted)
+            if wanted is not None and len(chosen) < wanted:
+                raise ModelsError(
+                    f"{where}: gpus={m['gpus']}: {host} has room for {len(chosen) * tp} GPU(s) of {share:.2f} memory "
+                    f"in groups of tensor_parallel_size={tp} ({_room(free, users)})")
+            if not chosen:
+                raise ModelsError(f"{where}: no GPU of {host} has {share:.2f} of its memory left ({_room(free, users)})")
+        for gpus in chosen:
+            for g in gpus:
+                free[g] -= share
+                users[g].append(f"{m['name']} ({share:.2f})")
+        placed[m["id"]] = chosen
+    replicas: list[dict[str, Any]] = []
+    for m in sorted(models, key=lambda m: m["id"]):
+        for i, gpus in enumerate(placed[m["id"]]):
+            index = ID_STRIDE * m["id"] + i
+            if i >= ID_STRIDE:
+                raise ModelsError(f"{_where(m['entry'], m)}: more than {ID_STRIDE} replicas on {host}")
+            replicas.append({"model_id": m["id"], "model": m["name"], "revision": m["revision"], "kind": m["kind"],
+                             "index": index, "port": int(base_port) + index, "gpus": ",".join(map(str, gpus)),
+                             "gpu_memory_utilization": m["gpu_memory_utilization"], "tensor_parallel_size": m["tensor_parallel_size"],
+                             "served_model_name": f"{m['served_names'][0]}-{short}-{index}",
+                             "public_names": list(m["served_names"]), "classes": list(m["classes"])})
+    return replicas
+
+
+def _fit(groups: list[list[int]], free: dict[int, float], tp: int, share: float, wanted: int | None) -> list[list[int]]:
+    """Groups of ``tp`` GPUs with ``share`` free each, within one NUMA node first, then across nodes;
+    GPUs already shared are filled before empty ones (a small model beside a big one leaves whole
+    GPUs for the next big one)."""
+    chosen: list[list[int]] = []
+    taken: set[int] = set()
+
+    def room(gpu: int) -> bool:
+        return gpu not in taken and free[gpu] + 1e-9 >= share
+
+    def pick(pool: list[int]) -> None:
+        while wanted is None or len(chosen) < wanted:
+            fits = sorted((g for g in pool if room(g)), key=lambda g: (free[g] >= GPU_CAPACITY - 1e-9, g))
+            if len(fits) < tp:
+                return
+            chosen.append(sorted(fits[:tp]))
+            taken.update(fits[:tp])
+
+    for group in groups:
+        pick(group)
+    if len(groups) > 1:
+        pick([g for group in groups for g in group])
+    return chosen
+
+
+def _room(free: dict[int, float], users: dict[int, list[str]]) -> str:
+    return "; ".join(f"GPU {g}: {free[g]:.2f} free" + (f" beside {', '.join(users[g])}" if users[g] else "") for g in sorted(free))
+
+
+def memory_plan(replicas: list[dict[str, Any]], gpu_count: int) -> dict[int, float]:
+    """The share of each GPU's memory the replicas take (labctl plan shows it; at most 1.0 each)."""
+    used = dict.fromkeys(range(gpu_count), 0.0)
+    for r in replicas:
+        for g in str(r["gpus"]).split(","):
+            used[int(g)] = round(used[int(g)] + float(r["gpu_memory_utilization"]), 6)
+    return used

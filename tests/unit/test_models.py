@@ -1,0 +1,121 @@
+"""Several models side by side (Issue 32), the first slice: lab_models checked (bad input names the
+entry and the field) and placed on a host's GPUs (src/labctl/models.py): shared GPUs within their
+memory, refusal beyond it, stable indices and ports when a model is added, NUMA-following groups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from labctl import models
+from labctl.models import ModelsError
+from labctl.topology import replica_plan
+
+CHAT = {"id": 0, "name": "gpt-oss-120b", "revision": "main", "classes": ["interactive", "batch"],
+        "gpu_memory_utilization": 0.8}
+EMBED = {"id": 1, "name": "bge-small", "revision": "r1", "kind": "embed", "gpus": 1, "gpu_memory_utilization": 0.15}
+BUNDLE = {"gpt-oss-120b": ["main"], "bge-small": ["r1"], "qwen3-235b": ["r"]}
+
+
+def placed(entries: list[dict[str, Any]], gpus: int = 2, nodes: list[int] | None = None) -> list[dict[str, Any]]:
+    return models.place(models.parse(entries, BUNDLE), "gpu01.lab.example", gpus, 8000, nodes)
+
+
+def test_an_entry_gets_its_defaults() -> None:
+    (m,) = models.parse([{"id": 3, "name": "qwen3-0.6b", "revision": "abc"}])
+    assert m["served_names"] == ["qwen3-0.6b"] and m["classes"] == ["interactive"] and m["kind"] == "generate"
+    assert m["tensor_parallel_size"] == 1 and m["gpus"] is None and m["gpu_memory_utilization"] == models.DEFAULT_UTILIZATION
+
+
+def test_model_zero_keeps_the_one_model_labs_indices_ports_and_names() -> None:
+    one = replica_plan(2, 1, 0, 8000, "gpt-oss-120b", "gpu01.lab.example")
+    chat = placed([CHAT])
+    keys = ("index", "port", "gpus", "served_model_name")
+    assert [{k: r[k] for k in keys} for r in chat] == [{k: r[k] for k in keys} for r in one]
+
+
+def test_a_small_model_shares_a_gpu_within_its_memory() -> None:
+    replicas = placed([CHAT, EMBED])
+    chat = [r for r in replicas if r["model"] == "gpt-oss-120b"]
+    embed = [r for r in replicas if r["model"] == "bge-small"]
+    assert [r["gpus"] for r in chat] == ["0", "1"]
+    assert [(r["index"], r["port"], r["gpus"], r["kind"]) for r in embed] == [(100, 8100, "0", "embed")]
+    assert embed[0]["served_model_name"] == "bge-small-gpu01-100"
+    assert models.memory_plan(replicas, 2) == {0: 0.95, 1: 0.8}
+
+
+def test_adding_a_model_moves_no_replica_of_another() -> None:
+    before = placed([CHAT])
+    after = [r for r in placed([CHAT, EMBED]) if r["model_id"] == 0]
+    assert after == before
+    # and removing it again gives back the same replicas
+    assert placed([CHAT]) == before
+
+
+@pytest.mark.parametrize(("second", "message"), [
+    ({**EMBED, "gpus": [1], "gpu_memory_utilization": 0.3},
+     ("lab_models[1] (bge-small): gpus: GPU 1 of gpu01.lab.example has 0.20 of its memory left beside gpt-oss-120b (0.80), "
+     "not the 0.30 gpu_memory_utilization asks for")),
+    ({**EMBED, "gpus": 2, "gpu_memory_utilization": 0.3},
+     "lab_models[1] (bge-small): gpus=2: gpu01.lab.example has room for 0 GPU(s) of 0.30 memory"),
+    ({**EMBED, "gpus": [2]}, "lab_models[1] (bge-small): gpus: gpu01.lab.example has 2 GPU(s), no GPU 2"),
+])
+def test_a_gpu_is_never_shared_beyond_its_memory(second: dict[str, Any], message: str) -> None:
+    with pytest.raises(ModelsError) as caught:
+        placed([{**CHAT, "gpus": [0, 1]}, second])
+    assert message in str(caught.value)
+
+
+def test_placement_follows_the_numa_nodes() -> None:
+    # GPUs 0 and 2 on node 0, 1 and 3 on node 1: a tensor-parallel pair stays on one node.
+    pairs = placed([{**CHAT, "tensor_parallel_size": 2}], gpus=4, nodes=[0, 1, 0, 1])
+    assert [r["gpus"] for r in pairs] == ["0,2", "1,3"]
+    # A two-socket host with eight GPUs: a four-GPU model fills node 0, the next four-GPU model node 1.
+    big = {"id": 2, "name": "qwen3-235b", "revision": "r", "tensor_parallel_size": 4, "gpus": 4}
+    both = placed([{**CHAT, "tensor_parallel_size": 2, "gpus": 4}, big], gpus=8, nodes=[0, 0, 0, 0, 1, 1, 1, 1])
+    assert [(r["model_id"], r["gpus"]) for r in both] == [(0, "0,1"), (0, "2,3"), (2, "4,5,6,7")]
+    # Without the nodes (a VM): index order.
+    assert [r["gpus"] for r in placed([{**CHAT, "tensor_parallel_size": 2}], gpus=4)] == ["0,1", "2,3"]
+
+
+@pytest.mark.parametrize(("entries", "message"), [
+    ([CHAT, {**EMBED, "served_names": ["gpt-oss-120b"]}],
+     "lab_models[1] (bge-small): served_names: 'gpt-oss-120b' is already served by lab_models[0] (gpt-oss-120b)"),
+    ([CHAT, {**EMBED, "kind": "generate", "served_names": ["gpt-oss-120b-batch"]}],
+     "served_names: 'gpt-oss-120b-batch' is already served by lab_models[0] (gpt-oss-120b)"),
+    ([CHAT, {**EMBED, "id": 0}], "lab_models[1] (bge-small): id 0 is also lab_models[0] (gpt-oss-120b)'s"),
+    ([CHAT, {**EMBED, "revision": "r2"}],
+     "lab_models[1] (bge-small): bge-small@r2 is not in the bundle (it carries: bge-small@r1, gpt-oss-120b@main, qwen3-235b@r)"),
+    ([{**CHAT, "gpu": 1}], "lab_models[0] (gpt-oss-120b): unknown field(s) gpu"),
+    ([{**EMBED, "kind": "pooling"}], "lab_models[0] (bge-small): kind='pooling' is not one of generate, embed"),
+    ([{**EMBED, "classes": ["batch"]}], "lab_models[0] (bge-small): classes: an embedding model has no batch class"),
+    ([{**CHAT, "gpus": 3, "tensor_parallel_size": 2}], "gpus=3 is not a multiple of tensor_parallel_size=2"),
+    ([{**CHAT, "gpus": [0, 0]}], "gpus must be a count, a list of distinct GPU indices, or omitted"),
+    ([{**CHAT, "gpu_memory_utilization": 1.2}], "gpu_memory_utilization must be a share of a GPU's memory in (0, 1]"),
+    ([{**CHAT, "id": 100}], "lab_models[0] (gpt-oss-120b): id=100 is out of range (0-99)"),
+    ([{"name": "x", "revision": "r"}], "lab_models[0] (x): id is required"),
+    ([], "lab_models must be a non-empty list"),
+])
+def test_bad_input_names_the_entry_and_the_field(entries: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(ModelsError) as caught:
+        models.parse(entries, BUNDLE)
+    assert message in str(caught.value)
+
+
+def test_the_topology_refuses_a_list_it_does_not_serve_yet_and_names_a_bad_entry() -> None:
+    from labctl.topology import lab_topology
+
+    groups = {"lab": ["gpu1"], "gpu_hosts": ["gpu1"], "gateway_hosts": ["gpu1"], "monitoring_hosts": ["gpu1"]}
+    facts = {"gpu1": {"default_ipv4": {"address": "10.0.0.11"}, "gpu_count": 2, "processor_vcpus": 8}}
+    plain = lab_topology(groups, {"gpu1": {"lab_model_name": "gpt-oss-120b"}}, facts)
+    assert plain["problems"] == []
+    listed = lab_topology(groups, {"gpu1": {"lab_model_name": "gpt-oss-120b", "lab_models": [CHAT, EMBED]}}, facts)
+    assert listed["problems"] == [
+        ("gpu1: lab_models lists 2 model(s) (gpt-oss-120b, bge-small): several models side by side are checked and placed "
+        "(labctl.models) but not served yet (Issue 32); remove lab_models and serve one model with lab_model_name")]
+    bad = lab_topology(groups, {"gpu1": {"lab_models": [CHAT, {**EMBED, "served_names": ["gpt-oss-120b"]}]}}, facts)
+    assert bad["problems"] == [("gpu1: lab_models[1] (bge-small): served_names: 'gpt-oss-120b' is already served by "
+                               "lab_models[0] (gpt-oss-120b)")]
+    # without lab_models the topology is what it was, key for key
+    assert "lab_models" not in str(plain)
