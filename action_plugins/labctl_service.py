@@ -12,7 +12,8 @@ If so the task is done: ok, nothing changed, no reload. In every other case, and
 beyond name, enabled, state (started) and daemon_reload, the task goes unchanged to
 ansible.builtin.systemd_service, which reloads, enables, starts and reports as usual. A unit whose
 files changed since systemd loaded them reports NeedDaemonReload=yes, so a changed unit file or
-drop-in always takes the builtin's path, with its reload.
+drop-in always takes the builtin's path, with its reload; so does a timer whose service's file
+changed (the probe reads the units it triggers too).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ description:
     M(ansible.builtin.systemd_service) would be asked for; changes nothing.
   - "The probe of the labctl_service action: a unit that is current needs nothing more, any other is
     handed to M(ansible.builtin.systemd_service) with the task's own arguments."
-  - A unit is current only when it is loaded, its unit files need no daemon reload
-    (C(NeedDaemonReload=no)), it is C(active) when O(units[].started), and its C(UnitFileState) is
+  - A unit is current only when it is loaded, its unit files and those of the units it triggers (a
+    timer's service) need no daemon reload (C(NeedDaemonReload=no)), it is C(active) when O(units[].started), and its C(UnitFileState) is
     C(enabled) when O(units[].enabled) is true or C(disabled) when it is false. Anything else (a static,
     masked, generated or alias unit, a unit that is activating) answers "not current", so the full
     module decides.
@@ -60,7 +60,7 @@ units:
   elements: dict
 """
 
-PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "NeedDaemonReload")
+PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "UnitFileState", "NeedDaemonReload", "Triggers")
 
 
 def parse_show(text: str) -> list[dict[str, str]]:
@@ -76,13 +76,17 @@ def parse_show(text: str) -> list[dict[str, str]]:
     return [b for b in blocks if b]
 
 
-def judge(want: dict[str, t.Any], status: dict[str, str]) -> dict[str, t.Any]:
-    """Whether one unit is as `want` says."""
+def judge(want: dict[str, t.Any], status: dict[str, str], triggered: dict[str, str] | None = None) -> dict[str, t.Any]:
+    """Whether one unit is as `want` says. ``triggered``: NeedDaemonReload of the units it triggers (a
+    timer's service): a changed service file behind a current timer still needs the reload."""
     reason = ""
+    stale = sorted(name for name in status.get("Triggers", "").split() if (triggered or {}).get(name) != "no")
     if status.get("LoadState") != "loaded":
         reason = f"LoadState={status.get('LoadState', '?')}"
     elif status.get("NeedDaemonReload") != "no":
         reason = "a daemon reload is pending"
+    elif stale:
+        reason = f"a daemon reload is pending for {', '.join(stale)}"
     elif want.get("started") and status.get("ActiveState") != "active":
         reason = f"ActiveState={status.get('ActiveState', '?')}"
     elif want.get("enabled") is not None and status.get("UnitFileState") != ("enabled" if want["enabled"] else "disabled"):
@@ -112,7 +116,14 @@ def main() -> None:
     blocks = parse_show(out) if rc == 0 else []
     if len(blocks) != len(units):
         module.exit_json(changed=False, units=[{"name": u["name"], "current": False, "reason": "unreadable"} for u in units])
-    module.exit_json(changed=False, units=[judge(want, status) for want, status in zip(units, blocks, strict=True)])
+    behind = sorted({name for status in blocks for name in status.get("Triggers", "").split()})
+    triggered: dict[str, str] = {}
+    if behind:
+        rc, out, _ = module.run_command([systemctl, "show", "--property=Id,NeedDaemonReload", "--", *behind])
+        shown = parse_show(out) if rc == 0 else []
+        if len(shown) == len(behind):
+            triggered = {name: status.get("NeedDaemonReload", "") for name, status in zip(behind, shown, strict=True)}
+    module.exit_json(changed=False, units=[judge(want, status, triggered) for want, status in zip(units, blocks, strict=True)])
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ def _load(name: str, path: Path) -> ModuleType:
 state = _load("labctl_unit_state", REPO / "library" / "labctl_unit_state.py")
 action = _load("labctl_service_action", REPO / "action_plugins" / "labctl_service.py")
 
-# `systemctl show --property=Id,LoadState,ActiveState,SubState,UnitFileState,NeedDaemonReload -- a b`
+# `systemctl show --property=Id,LoadState,ActiveState,SubState,UnitFileState,NeedDaemonReload,Triggers -- a b`
 # on Debian 12's systemd 252: one block per unit, in the order asked, blank lines between.
 SHOW = """Id=prometheus.service
 LoadState=loaded
@@ -73,6 +73,17 @@ def test_show_is_read_one_block_per_unit_in_order() -> None:
 def test_a_unit_is_current_only_when_nothing_is_left_to_do(want: dict[str, Any], status: dict[str, str], reason: str) -> None:
     answer = state.judge({"name": "x.service", **want}, {**GOOD, **status})
     assert answer["reason"] == reason and answer["current"] is (reason == "")
+
+
+def test_a_timer_whose_service_changed_on_disk_is_not_current() -> None:
+    # The dump timer is current, but its service file was rewritten: without the daemon reload the
+    # next run of the timer would start the old service.
+    timer = {**GOOD, "Id": "labctl-pg-dump.timer", "Triggers": "labctl-pg-dump.service"}
+    want = {"name": "labctl-pg-dump.timer", "enabled": True, "started": True}
+    assert state.judge(want, timer, {"labctl-pg-dump.service": "no"})["current"] is True
+    answer = state.judge(want, timer, {"labctl-pg-dump.service": "yes"})
+    assert answer["reason"] == "a daemon reload is pending for labctl-pg-dump.service"
+    assert state.judge(want, timer, {})["current"] is False, "an unread triggered unit is never assumed current"
 
 
 def test_the_fast_path_takes_only_the_arguments_it_judges() -> None:
