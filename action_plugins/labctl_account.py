@@ -39,7 +39,8 @@ class ActionModule(ActionBase):
         if args.get("user") and not (args.get("home") and args.get("shell")):
             raise AnsibleActionFail("labctl_account: a user needs its home and shell")
         if os.environ.get("LABCTL_FILE_ACTIONS", "") != "builtin":
-            answer = self._execute_module(module_name="labctl_account_state", module_args=args, task_vars=task_vars)
+            answer = self._shared_loader_obj.action_loader.get("labctl_read", class_only=True).probe(
+                self, "labctl_account_state", args, task_vars)
             if answer.get("current"):
                 result.update(changed=False, answered_by="labctl_account_state", group=args["group"],
                               user=args.get("user"))

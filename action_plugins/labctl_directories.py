@@ -33,9 +33,8 @@ class ActionModule(ActionBase):
         if os.environ.get("LABCTL_FILE_ACTIONS", "") == "builtin":  # measurement: one file call per directory
             answer: dict[str, t.Any] = {"files": [{} for _ in wanted]}
         else:
-            answer = self._execute_module(
-                module_name="labctl_file_state",
-                module_args={"files": [{**want, "state": "directory"} for want in wanted]}, task_vars=task_vars)
+            answer = self._shared_loader_obj.action_loader.get("labctl_read", class_only=True).probe(
+                self, "labctl_file_state", {"files": [{**want, "state": "directory"} for want in wanted]}, task_vars)
         if answer.get("failed"):
             return {**result, **answer}
         results: list[dict[str, t.Any]] = []

@@ -39,8 +39,8 @@ class ActionModule(ActionBase):
                 and bool(names) and all(isinstance(n, str) for n in names)
                 and os.environ.get("LABCTL_FILE_ACTIONS", "") != "builtin")
         if fast:
-            answer = self._execute_module(module_name="labctl_package_state", module_args={"names": names},
-                                          task_vars=task_vars)
+            answer = self._shared_loader_obj.action_loader.get("labctl_read", class_only=True).probe(
+                self, "labctl_package_state", {"names": names}, task_vars)
             packages = answer.get("packages") or [] if not answer.get("failed") else []
             if packages and all(p.get("current") for p in packages):
                 result.update(changed=False, answered_by="labctl_package_state",

@@ -47,8 +47,8 @@ class ActionModule(ActionBase):
             want: dict[str, t.Any] = {"name": args["name"], "started": args.get("state") == "started"}
             if enabled is not None:
                 want["enabled"] = enabled
-            answer = self._execute_module(module_name="labctl_unit_state", module_args={"units": [want]},
-                                          task_vars=task_vars)
+            answer = self._shared_loader_obj.action_loader.get("labctl_read", class_only=True).probe(
+                self, "labctl_unit_state", {"units": [want]}, task_vars)
             state = (answer.get("units") or [{}])[0] if not answer.get("failed") else {}
             if state.get("current"):
                 status = state.get("status", {})

@@ -18,8 +18,8 @@ With ``content`` instead of ``src`` the file holds exactly that text, as ansible
 it (a generated JSON dashboard, which cannot carry an ansible_managed comment); the fallback is then
 ansible.builtin.copy.
 
-With ``files`` (a list of such files, of directories with ``state: directory`` and of paths to remove
-with ``state: absent``) one task writes
+With ``files`` (a list of such files, of files already on the target to copy with ``remote_src: true``,
+of directories with ``state: directory`` and of paths to remove with ``state: absent``) one task writes
 several: one call on the target judges them all, and only those not current go, in order, the
 builtin's way (ansible.builtin.template, copy or file). A role's configuration files then cost one
 call on a no-op re-run instead of one each (Issue 31). An entry's ``vars`` are added to the
@@ -52,7 +52,7 @@ CONTENT_ARGS = frozenset(("content", "dest", "owner", "group", "mode", "validate
 # An entry of files: a template (src) or a content file, a directory (state: directory), or a path to
 # remove (state: absent, dest alone); vars are extra template variables. Owner, group and mode are
 # required for the first three: a batch writes nothing with default attributes.
-ENTRY_ARGS = frozenset(("src", "content", "state", "dest", "owner", "group", "mode", "validate", "vars",
+ENTRY_ARGS = frozenset(("src", "remote_src", "content", "state", "dest", "owner", "group", "mode", "validate", "vars",
                         "variable_start_string", "variable_end_string"))
 ENTRY_REQUIRED = ("dest", "owner", "group", "mode")
 
@@ -108,8 +108,8 @@ class ActionModule(ActionBase):
         if rendered is not None and not builtin_only():
             want = {"path": args["dest"], "checksum": hashlib.sha1(rendered).hexdigest(),
                     **{key: args[key] for key in ("owner", "group", "mode") if args.get(key) is not None}}
-            answer = self._execute_module(module_name="labctl_file_state", module_args={"files": [want]},
-                                          task_vars=task_vars)
+            answer = self._shared_loader_obj.action_loader.get("labctl_read", class_only=True).probe(
+                self, "labctl_file_state", {"files": [want]}, task_vars)
             state = (answer.get("files") or [{}])[0] if not answer.get("failed") else {}
             if state.get("current"):
                 for key in ("path", "checksum", "state", "size", "uid", "gid", "owner", "group", "mode"):
@@ -148,6 +148,9 @@ class ActionModule(ActionBase):
             if (state == "directory") != (("src" not in entry) and ("content" not in entry)) or (
                     "src" in entry and "content" in entry):
                 raise AnsibleActionFail(f"{where}: give exactly one of src and content (or state: directory alone)")
+            if entry.get("remote_src") and ("src" not in entry or set(entry) & {"variable_start_string",
+                                                                              "variable_end_string"}):
+                raise AnsibleActionFail(f"{where}: remote_src copies src as it is (no template variables)")
             if not isinstance(entry.get("vars", {}), dict):
                 raise AnsibleActionFail(f"{where}: vars must be a mapping")
         return files
@@ -164,7 +167,10 @@ class ActionModule(ActionBase):
             if entry.get("state") == "directory":
                 wants.append({"path": entry["dest"], "state": "directory", **attrs})
                 continue
-            args = {key: value for key, value in entry.items() if key not in ("vars", "state")}
+            args = {key: value for key, value in entry.items() if key not in ("vars", "state", "remote_src")}
+            if entry.get("remote_src"):  # the target compares the two files in the same call
+                wants.append({"path": entry["dest"], "same_as": args["src"], **attrs})
+                continue
             if "content" in args:
                 content = args["content"]
                 rendered = to_bytes(content, errors="surrogate_or_strict") if isinstance(content, str) else None
@@ -178,8 +184,8 @@ class ActionModule(ActionBase):
         elif builtin_only():
             states = [{} for _ in wants]
         else:
-            answer = self._execute_module(module_name="labctl_file_state", module_args={"files": wants},
-                                          task_vars=task_vars)
+            answer = self._shared_loader_obj.action_loader.get("labctl_read", class_only=True).probe(
+                self, "labctl_file_state", {"files": wants}, task_vars)
             states = answer.get("files") or [{} for _ in wants] if not answer.get("failed") else [{} for _ in wants]
         results: list[dict[str, t.Any]] = []
         diffs: list[t.Any] = []
@@ -196,8 +202,11 @@ class ActionModule(ActionBase):
                     module_args={"path": entry["dest"], "state": "directory",
                                  **{key: entry[key] for key in ("owner", "group", "mode")}})
             else:
-                args = {key: value for key, value in entry.items() if key not in ("vars", "state")}
-                builtin = "ansible.builtin.copy" if "content" in args else "ansible.builtin.template"
+                args = {key: value for key, value in entry.items() if key not in ("vars", "state", "remote_src")}
+                if entry.get("remote_src"):
+                    args["remote_src"] = True
+                builtin = "ansible.builtin.copy" if "content" in args or entry.get("remote_src") \
+                    else "ansible.builtin.template"
                 done = self._builtin(builtin, {**task_vars, **entry.get("vars", {})}, args)
             if done.get("diff"):
                 diffs.extend(done["diff"] if isinstance(done["diff"], list) else [done["diff"]])

@@ -70,9 +70,21 @@ def labctl_each(items: Any, var: str, contents: Any = None, **entry: Any) -> lis
     return out
 
 
+def labctl_getent(text: Any) -> dict[str, list[str]]:
+    """`getent passwd` or `getent group` output (a labctl_read) in ansible.builtin.getent's shape: each
+    entry's name -> its other fields, as text (passwd: password, uid, gid, gecos, home, shell)."""
+    entries: dict[str, list[str]] = {}
+    for line in str(text or "").splitlines():
+        name, sep, rest = line.partition(":")
+        if sep and name and name not in entries:  # the first entry of a name wins, as in NSS
+            entries[name] = rest.split(":")
+    return entries
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_topology": labctl_topology,
             "labctl_each": labctl_each,
+            "labctl_getent": labctl_getent,
         }

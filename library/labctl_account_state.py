@@ -7,8 +7,6 @@ import grp
 import pwd
 import typing as t
 
-from ansible.module_utils.basic import AnsibleModule
-
 DOCUMENTATION = r"""
 ---
 module: labctl_account_state
@@ -82,13 +80,20 @@ def judge(want: dict[str, t.Any]) -> dict[str, t.Any]:
     return {"current": True, "reason": "", "uid": user.pw_uid, "gid": group.gr_gid}
 
 
+def light(args: dict[str, t.Any]) -> dict[str, t.Any]:
+    """The answer, run by the labctl actions without the module wrapper (action_plugins/labctl_read.py)."""
+    return {"changed": False, **judge(args)}
+
+
 def main() -> None:
+    from ansible.module_utils.basic import AnsibleModule  # here: the light run has no ansible to import
+
     module = AnsibleModule(
         argument_spec={"group": {"type": "str", "required": True}, "user": {"type": "str"}, "home": {"type": "path"},
                        "shell": {"type": "path"}, "groups": {"type": "list", "elements": "str"}},
         supports_check_mode=True,
     )
-    module.exit_json(changed=False, **judge(module.params))
+    module.exit_json(**light(module.params))
 
 
 if __name__ == "__main__":

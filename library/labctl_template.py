@@ -43,8 +43,14 @@ options:
     elements: dict
     suboptions:
       src:
-        description: A template, as O(src).
+        description: A template, as O(src); with O(files[].remote_src) a file already on the target.
         type: path
+      remote_src:
+        description:
+          - O(files[].src) is a file on the target, copied as it is (as M(ansible.builtin.copy) with
+            C(remote_src)); current when the destination has the same content (SHA-1 of both, in the one call).
+        type: bool
+        default: false
       content:
         description: The exact text, as O(content).
         type: str

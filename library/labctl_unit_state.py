@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import typing as t
-
-from ansible.module_utils.basic import AnsibleModule
 
 DOCUMENTATION = r"""
 ---
@@ -94,7 +95,41 @@ def judge(want: dict[str, t.Any], status: dict[str, str], triggered: dict[str, s
     return {"name": want["name"], "current": not reason, "reason": reason, "status": status}
 
 
+def run(argv: list[str]) -> tuple[int, str]:
+    """Run a command with the C locale: its exit status and output."""
+    done = subprocess.run(argv, capture_output=True, env={**os.environ, "LC_ALL": "C", "LANG": "C"}, check=False)
+    return done.returncode, done.stdout.decode("utf-8", "replace")
+
+
+def states(units: list[dict[str, t.Any]], systemctl: str | None,
+           runner: t.Callable[[list[str]], tuple[int, str]]) -> list[dict[str, t.Any]]:
+    """One answer per unit, from one `systemctl show` (and one more for the units timers trigger)."""
+    if systemctl is None:
+        return [{"name": u["name"], "current": False, "reason": "no systemctl"} for u in units]
+    rc, out = runner([systemctl, "show", "--property=" + ",".join(PROPERTIES), "--", *[u["name"] for u in units]])
+    blocks = parse_show(out) if rc == 0 else []
+    if len(blocks) != len(units):
+        return [{"name": u["name"], "current": False, "reason": "unreadable"} for u in units]
+    behind = sorted({name for status in blocks for name in status.get("Triggers", "").split()})
+    triggered: dict[str, str] = {}
+    if behind:
+        rc, out = runner([systemctl, "show", "--property=Id,NeedDaemonReload", "--", *behind])
+        shown = parse_show(out) if rc == 0 else []
+        if len(shown) == len(behind):
+            triggered = {name: status.get("NeedDaemonReload", "") for name, status in zip(behind, shown, strict=True)}
+    return [judge(want, status, triggered) for want, status in zip(units, blocks, strict=True)]
+
+
+def light(args: dict[str, t.Any]) -> dict[str, t.Any]:
+    """The answer, run by the labctl actions without the module wrapper (action_plugins/labctl_read.py)."""
+    units = [{"started": False, **unit} for unit in args["units"]]
+    systemctl = shutil.which("systemctl", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    return {"changed": False, "units": states(units, systemctl, run)}
+
+
 def main() -> None:
+    from ansible.module_utils.basic import AnsibleModule  # here: the light run has no ansible to import
+
     module = AnsibleModule(
         argument_spec={
             "units": {
@@ -108,22 +143,12 @@ def main() -> None:
         },
         supports_check_mode=True,
     )
-    units = module.params["units"]
-    systemctl = module.get_bin_path("systemctl")
-    if systemctl is None:
-        module.exit_json(changed=False, units=[{"name": u["name"], "current": False, "reason": "no systemctl"} for u in units])
-    rc, out, _ = module.run_command([systemctl, "show", "--property=" + ",".join(PROPERTIES), "--", *[u["name"] for u in units]])
-    blocks = parse_show(out) if rc == 0 else []
-    if len(blocks) != len(units):
-        module.exit_json(changed=False, units=[{"name": u["name"], "current": False, "reason": "unreadable"} for u in units])
-    behind = sorted({name for status in blocks for name in status.get("Triggers", "").split()})
-    triggered: dict[str, str] = {}
-    if behind:
-        rc, out, _ = module.run_command([systemctl, "show", "--property=Id,NeedDaemonReload", "--", *behind])
-        shown = parse_show(out) if rc == 0 else []
-        if len(shown) == len(behind):
-            triggered = {name: status.get("NeedDaemonReload", "") for name, status in zip(behind, shown, strict=True)}
-    module.exit_json(changed=False, units=[judge(want, status, triggered) for want, status in zip(units, blocks, strict=True)])
+
+    def runner(argv: list[str]) -> tuple[int, str]:
+        rc, out, _ = module.run_command(argv)
+        return rc, out
+
+    module.exit_json(changed=False, units=states(module.params["units"], module.get_bin_path("systemctl"), runner))
 
 
 if __name__ == "__main__":

@@ -216,6 +216,29 @@ def test_files_in_one_task_are_written_then_answered_in_one_call(tmp_path: Path,
     assert recap(ok(run(tmp_path, [files_task()])))["changed"] == 0
 
 
+def test_a_file_already_on_the_target_is_copied_then_compared_in_the_one_call(tmp_path: Path, root: Path) -> None:
+    """remote_src entries (the tiktoken files, the bundle's apt key): copied as ansible.builtin.copy
+    copies them, then current while both files hold the same bytes; a changed source is copied again."""
+    source = tmp_path / "source.bin"
+    source.write_bytes(b"\x00binary\xffcontent\n")
+    task = {"name": "Copies", "register": "out", "labctl_template": {"files": [
+        {"dest": "{{ root }}/keys", "state": "directory", "owner": "root", "group": "root", "mode": "0755"},
+        {"src": str(source), "remote_src": True, "dest": "{{ root }}/keys/copy.bin", "owner": "root", "group": "root",
+         "mode": "0644"}]}}
+    result = ok(run(tmp_path, [task, show()]))
+    assert recap(result)["changed"] == 1 and (root / "keys" / "copy.bin").read_bytes() == source.read_bytes()
+    assert oct((root / "keys" / "copy.bin").stat().st_mode & 0o777) == "0o644"
+    answer = shown(ok(run(tmp_path, [task, show()])))[0]
+    assert answer["changed_files"] == [] and {r["answered_by"] for r in answer["results"]} == {"labctl_file_state"}
+    source.write_bytes(b"another key\n")
+    answer = shown(ok(run(tmp_path, [task, show()])))[0]
+    assert answer["changed_files"] == [str(root / "keys" / "copy.bin")]
+    assert (root / "keys" / "copy.bin").read_bytes() == b"another key\n"
+    source.unlink()  # a missing source: the builtin says so
+    result = run(tmp_path, [task])
+    assert result.returncode != 0 and str(source) in result.stdout, result.stdout[-2000:]
+
+
 def test_files_stop_at_the_first_failure_naming_it(tmp_path: Path, root: Path) -> None:
     task = files_task()
     task["labctl_template"]["files"][1]["validate"] = "/bin/false %s"
@@ -235,24 +258,12 @@ def test_files_stop_at_the_first_failure_naming_it(tmp_path: Path, root: Path) -
      "entry 1 (/x): give exactly one of src and content"),
     ({"src": "a", "dest": "/x", "state": "directory", "owner": "root", "group": "root", "mode": "0755"},
      "entry 1 (/x): give exactly one of src and content"),
+    ({"content": "a", "remote_src": True, "dest": "/x", "owner": "root", "group": "root", "mode": "0644"},
+     "entry 1 (/x): remote_src copies src as it is"),
 ])
 def test_files_refuse_a_bad_entry_before_anything_changes(tmp_path: Path, entry: dict[str, Any], message: str) -> None:
     result = run(tmp_path, [{"name": "Bad", "labctl_template": {"files": [entry]}}])
     assert result.returncode != 0 and message in result.stdout, result.stdout[-2000:]
-
-
-class FakeModule:
-    """What path_state uses of AnsibleModule."""
-
-    def __init__(self, selinux: bool = False) -> None:
-        self.selinux = selinux
-
-    def selinux_enabled(self) -> bool:
-        return self.selinux
-
-    def sha1(self, path: str) -> str:
-        import hashlib
-        return hashlib.sha1(Path(path).read_bytes()).hexdigest()
 
 
 def test_file_state_says_not_current_when_unsure(tmp_path: Path) -> None:
@@ -262,22 +273,22 @@ def test_file_state_says_not_current_when_unsure(tmp_path: Path) -> None:
     os.chmod(target, 0o640)
     sha = hashlib.sha1(b"x").hexdigest()
     want = {"path": str(target), "checksum": sha, "owner": "root", "group": "root", "mode": "0640"}
-    assert labctl_file_state.path_state(FakeModule(), want)["current"] is True
-    assert labctl_file_state.path_state(FakeModule(), {**want, "mode": 0o640})["current"] is True
-    assert labctl_file_state.path_state(FakeModule(), {**want, "mode": "u=rw,g=r"})["reason"] == "mode"
-    assert labctl_file_state.path_state(FakeModule(), {**want, "owner": "no-such-user"})["reason"] == "owner"
-    assert labctl_file_state.path_state(FakeModule(), {**want, "checksum": "0" * 40})["reason"] == "content"
-    assert labctl_file_state.path_state(FakeModule(selinux=True), want)["reason"] == "selinux"
+    assert labctl_file_state.path_state(want, False)["current"] is True
+    assert labctl_file_state.path_state({**want, "mode": 0o640}, False)["current"] is True
+    assert labctl_file_state.path_state({**want, "mode": "u=rw,g=r"}, False)["reason"] == "mode"
+    assert labctl_file_state.path_state({**want, "owner": "no-such-user"}, False)["reason"] == "owner"
+    assert labctl_file_state.path_state({**want, "checksum": "0" * 40}, False)["reason"] == "content"
+    assert labctl_file_state.path_state(want, True)["reason"] == "selinux"
     link = tmp_path / "l"
     link.symlink_to(target)
-    assert labctl_file_state.path_state(FakeModule(), {**want, "path": str(link)})["reason"] == "not a regular file"
-    assert labctl_file_state.path_state(FakeModule(), {**want, "path": str(tmp_path / "none")})["reason"] == "missing"
-    assert labctl_file_state.path_state(FakeModule(), {"path": str(tmp_path), "state": "directory"})["current"] is True
-    assert labctl_file_state.path_state(FakeModule(), {"path": str(target), "state": "directory"})["current"] is False
-    assert labctl_file_state.path_state(FakeModule(), {"path": str(tmp_path / "none"), "state": "absent"})["current"]
-    assert labctl_file_state.path_state(FakeModule(), {"path": str(link), "state": "absent"})["reason"] == "present"
+    assert labctl_file_state.path_state({**want, "path": str(link)}, False)["reason"] == "not a regular file"
+    assert labctl_file_state.path_state({**want, "path": str(tmp_path / "none")}, False)["reason"] == "missing"
+    assert labctl_file_state.path_state({"path": str(tmp_path), "state": "directory"}, False)["current"] is True
+    assert labctl_file_state.path_state({"path": str(target), "state": "directory"}, False)["current"] is False
+    assert labctl_file_state.path_state({"path": str(tmp_path / "none"), "state": "absent"}, False)["current"]
+    assert labctl_file_state.path_state({"path": str(link), "state": "absent"}, False)["reason"] == "present"
     target.unlink()
-    assert labctl_file_state.path_state(FakeModule(), {"path": str(link), "state": "absent"})["reason"] == "present", \
+    assert labctl_file_state.path_state({"path": str(link), "state": "absent"}, False)["reason"] == "present", \
         "a dangling link is still something at that path"
 
 
@@ -299,7 +310,7 @@ def test_documentation_parses_for_ansible_doc(tmp_path: Path) -> None:
     assert docs["labctl_file_state"]["doc"]["options"]["files"]["suboptions"]["state"]["choices"] == [
         "file", "directory", "absent"]
     assert set(docs["labctl_file_state"]["doc"]["options"]["files"]["suboptions"]) == {
-        "path", "state", "checksum", "owner", "group", "mode"}
+        "path", "state", "checksum", "same_as", "owner", "group", "mode"}
 
 
 def _filters() -> ModuleType:

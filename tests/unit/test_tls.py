@@ -343,3 +343,93 @@ def test_name_constraints_from_the_inventory_or_the_certificates() -> None:
     for bad in ("*.lab.example", "10.0.0.1/8", "10.0.0.0/33", "https://lab.example", "lab example", ""):
         with pytest.raises(AnsibleFilterError, match="lab_tls_ca_name_constraints: "):
             labctl_tls_name_constraints([bad], [])
+
+
+# --- the no-op re-run asks community.crypto nothing (Issue 31) -------------------------------------
+
+_GATED = ("Create the CA directory (0700)", "Generate the lab CA's key once", "Describe the lab CA (with its name constraints)",
+          "Self-sign the lab CA", "Generate this host's key", "Describe this host's certificate (its names)",
+          "See whether this host's certificate must be renewed", "Sign this host's certificate with the lab CA",
+          "Read the certificate's expiry")
+
+
+def _outcomes(stdout: str) -> dict[str, set[str]]:
+    """Each task's outcomes (ok, changed, skipping, fatal) in a run's output, by task name."""
+    found: dict[str, set[str]] = {}
+    task = ""
+    for line in stdout.splitlines():
+        header = re.match(r"^TASK \[(?:tls : )?(.*?)\] \*+", line)
+        if header:
+            task = header.group(1)
+            found.setdefault(task, set())
+        elif task and (word := re.match(r"^(ok|changed|skipping|fatal):", line)):
+            found[task].add(word.group(1))
+    return found
+
+
+def _gated(stdout: str) -> set[str]:
+    outcomes = _outcomes(stdout)
+    return {outcome for name, seen in outcomes.items() if name.startswith(_GATED) for outcome in seen}
+
+
+def test_a_no_op_run_asks_community_crypto_nothing_and_any_change_asks_again(tmp_path: Path) -> None:
+    ca_dir = tmp_path / "tls"
+    first = _ok(_tls_play(tmp_path, HOSTS))
+    assert _gated(first) >= {"ok", "changed"}
+    memo = {host: json.loads((ca_dir / "hosts" / f"{host}.memo.json").read_text()) for host in HOSTS}
+    for host, record in memo.items():
+        assert oct((ca_dir / "hosts" / f"{host}.memo.json").stat().st_mode & 0o777) == "0o600"
+        cert = x509.load_pem_x509_certificate((ca_dir / "hosts" / f"{host}.crt").read_bytes())
+        assert labctl_tls_epoch(record["not_after"]) == int(cert.not_valid_after_utc.timestamp())
+    # Nothing changed: every community.crypto task is skipped, the run changes nothing.
+    again = _tls_play(tmp_path, HOSTS)
+    assert _changed(again) == 0 and _gated(again.stdout) == {"skipping"}
+    # A file changed by hand: the tasks run and put it back.
+    (ca_dir / "hosts" / "gw01.crt").chmod(0o600)
+    repaired = _tls_play(tmp_path, HOSTS)
+    assert _changed(repaired) > 0 and oct((ca_dir / "hosts" / "gw01.crt").stat().st_mode & 0o777) == "0o644"
+    assert _gated(_tls_play(tmp_path, HOSTS).stdout) == {"skipping"}
+    # A new name: the certificate is signed again with it.
+    extra = _tls_play(tmp_path, HOSTS, lab_tls_extra_names=["gw01.lab.example"])
+    assert _changed(extra) > 0
+    cert = x509.load_pem_x509_certificate((ca_dir / "hosts" / "gw01.crt").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "gw01.lab.example" in sans.get_values_for_type(x509.DNSName)
+    # A certificate due for renewal (its recorded expiry within tls_renew_days): the tasks look again.
+    record = json.loads((ca_dir / "hosts" / "gw01.memo.json").read_text())
+    soon = (datetime.now(UTC) + timedelta(days=10)).strftime("%Y%m%d%H%M%SZ")
+    (ca_dir / "hosts" / "gw01.memo.json").write_text(json.dumps({**record, "not_after": soon}))
+    due = _tls_play(tmp_path, HOSTS, lab_tls_extra_names=["gw01.lab.example"])
+    assert _changed(due) == 0 and "ok" in _gated(due.stdout)
+    assert json.loads((ca_dir / "hosts" / "gw01.memo.json").read_text())["not_after"] == record["not_after"]
+
+
+def test_a_wrong_passphrase_still_stops_the_run(tmp_path: Path) -> None:
+    _ok(_tls_play(tmp_path, HOSTS, lab_tls_ca_passphrase=CA_PASS))
+    assert _gated(_tls_play(tmp_path, HOSTS, lab_tls_ca_passphrase=CA_PASS).stdout) == {"skipping"}
+    wrong = _tls_play(tmp_path, HOSTS, lab_tls_ca_passphrase="not-the-passphrase")
+    assert wrong.returncode != 0 and "fatal" in _gated(wrong.stdout), wrong.stdout[-3000:]
+
+
+def test_the_memo_digest_follows_every_file_and_input(tmp_path: Path) -> None:
+    from tls_filters import labctl_tls_memo
+
+    files = [tmp_path / "a", tmp_path / "b"]
+    for f in files:
+        f.write_text("x")
+    paths = [str(f) for f in files]
+    base = labctl_tls_memo(paths, {"sans": ["DNS:gw01"]})
+    assert base and base == labctl_tls_memo(paths, {"sans": ["DNS:gw01"]})
+    assert labctl_tls_memo(paths, {"sans": ["DNS:gw02"]}) != base
+    files[1].chmod(0o600)
+    assert labctl_tls_memo(paths, {"sans": ["DNS:gw01"]}) != base
+    files[1].chmod(0o644)
+    files[0].write_text("y")
+    assert labctl_tls_memo(paths, {"sans": ["DNS:gw01"]}) != base
+    files[0].unlink()
+    assert labctl_tls_memo(paths, {"sans": ["DNS:gw01"]}) == ""
+    key = tmp_path / "ca.key"
+    key.write_bytes(_key().private_bytes(PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.BestAvailableEncryption(CA_PASS.encode())))
+    assert labctl_tls_memo([str(key)], {}, CA_PASS, str(key))
+    assert labctl_tls_memo([str(key)], {}, "wrong", str(key)) == ""

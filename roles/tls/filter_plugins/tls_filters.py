@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import calendar
+import hashlib
 import ipaddress
+import json
+import os
 import re
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -166,10 +170,35 @@ def labctl_tls_key_state(path: str) -> str:
     return "encrypted" if "ENCRYPTED" in head else "plain"
 
 
+def labctl_tls_memo(paths: list[str], inputs: Any, passphrase: str = "", key: str = "") -> str:
+    """A digest of everything the lab CA's tasks read and write for one host: the files (mode, owner
+    and content of each) and the tasks' inputs (names, constraints, lifetimes). The tasks ran and left
+    everything current when it was recorded; the same digest now means they would change nothing again
+    (their only other input is the time: the renewal is judged apart). '' - never a match - when a
+    file is missing or `passphrase` does not open the key at `key` (the tasks then say so)."""
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode())
+    for path in paths:
+        try:
+            st = os.lstat(path)
+            content = Path(path).read_bytes() if stat.S_ISREG(st.st_mode) else b""
+        except OSError:
+            return ""
+        digest.update(f"{path}\0{st.st_mode:o}\0{st.st_uid}\0{st.st_gid}\0".encode())
+        digest.update(hashlib.sha256(content).digest())
+    if key and passphrase:
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+        try:
+            load_pem_private_key(Path(key).read_bytes(), password=passphrase.encode())
+        except (OSError, ValueError, TypeError):
+            return ""
+    return digest.hexdigest()
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {"labctl_tls_epoch": labctl_tls_epoch, "labctl_tls_sans": labctl_tls_sans,
                 "labctl_tls_name_constraints": labctl_tls_name_constraints, "labctl_tls_outside": labctl_tls_outside,
                 "labctl_tls_signed_names": labctl_tls_signed_names, "labctl_tls_key_state": labctl_tls_key_state,
                 "labctl_tls_constraint_problems": labctl_tls_constraint_problems,
-                "labctl_tls_names_by_host": labctl_tls_names_by_host}
+                "labctl_tls_names_by_host": labctl_tls_names_by_host, "labctl_tls_memo": labctl_tls_memo}
