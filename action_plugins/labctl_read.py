@@ -63,12 +63,16 @@ def _source(action: ActionBase, name: str) -> tuple[str, str] | None:
 
 
 def _interpreter(action: ActionBase, task_vars: dict[str, t.Any]) -> str:
-    """The task's ansible_python_interpreter, else the one discovered on this host earlier in the run,
-    else /usr/bin/python3 (Debian and Ubuntu; a wrong guess only sends the call the module's way)."""
-    given = task_vars.get("ansible_python_interpreter")
+    """The host's ansible_python_interpreter (the delegated host's, for a delegated task), else the one
+    discovered on it earlier in the run, else /usr/bin/python3 (Debian and Ubuntu; a wrong guess only
+    sends the call the module's way)."""
+    host_vars = task_vars
+    if action._task.delegate_to:
+        host_vars = (task_vars.get("ansible_delegated_vars") or {}).get(action._task.delegate_to) or {}
+    given = host_vars.get("ansible_python_interpreter")
     if given:
         return str(action._templar.template(given))
-    discovered = (task_vars.get("ansible_facts") or {}).get("discovered_interpreter_python")
+    discovered = (host_vars.get("ansible_facts") or {}).get("discovered_interpreter_python")
     return str(discovered) if discovered else "/usr/bin/python3"
 
 

@@ -12,7 +12,9 @@ In one run:
   3. site.yml over SSH (ControlPersist 60 s, pipelining on: ansible.cfg) for the first converge;
   4. the no-op re-run, ROUNDS times each, variants interleaved so that drift in the machine's load hits
      all alike: "plugins" (as shipped), "builtin" (LABCTL_FILE_ACTIONS=builtin: every file task takes
-     ansible.builtin.template/copy/file's own path) and, when it imports, "mitogen" (Mitogen's
+     ansible.builtin.template/copy/file's own path), "nolight" (LABCTL_LIGHT=0: the light calls of
+     labctl_read, labctl_stat, labctl_http and the actions' probes run as ordinary modules, through
+     ansible's module wrapper) and, when it imports, "mitogen" (Mitogen's
      mitogen_linear strategy, from the PyPI wheel unpacked under build/, plugins as shipped) and
      "mitogen-builtin" (Mitogen with the builtin path). Each re-run must report changed=0;
   5. where the time goes: in the median re-run of each variant, the seconds of the file tasks
@@ -30,7 +32,7 @@ converged by the checkout's site.yml, so both must converge to the same state (e
 
 Environment: BENCH_SSH_NAME (labctl-benchssh), BENCH_ROUNDS (3), BENCH_KEEP=1 keeps the container,
 BENCH_RERUN_ONLY=1 re-uses a kept converged container, BENCH_BASE (none), BENCH_VARIANTS (comma-separated,
-default plugins,builtin,mitogen,mitogen-builtin, plus base when BENCH_BASE is set), MITOGEN_VERSION (0.3.54),
+default plugins,builtin,nolight,mitogen,mitogen-builtin, plus base when BENCH_BASE is set), MITOGEN_VERSION (0.3.54),
 LABCTL_BUNDLE / LABCTL_BUNDLE_FINGERPRINT (the Makefile sets them: the test bundle).
 """
 
@@ -250,7 +252,8 @@ def main() -> int:
         if first["rc"] != 0:
             log(f"the first converge failed: see {first['log']}")
             return 2
-    variants: dict[str, dict[str, str]] = {"plugins": {}, "builtin": {"LABCTL_FILE_ACTIONS": "builtin"}}
+    variants: dict[str, dict[str, str]] = {"plugins": {}, "builtin": {"LABCTL_FILE_ACTIONS": "builtin"},
+                                           "nolight": {"LABCTL_LIGHT": "0"}}
     trees: dict[str, Path] = {}
     if BASE:
         variants = {"base": {}, **variants}

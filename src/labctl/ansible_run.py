@@ -106,7 +106,13 @@ def run_playbook(
             event_handler=handler,
             cancel_callback=cancel,
             quiet=True,
-            envvars={"ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1", "PATH": ansible_path()},
+            # The repository's ansible.cfg whatever the caller's environment names (an operator's
+            # ANSIBLE_CONFIG, molecule's): its pipelining, its gathering once per run and its plugin
+            # paths are what the site is built and measured with. Facts in memory, as it says
+            # (ansible-runner would otherwise put a JSON file cache in its place).
+            fact_cache_type="memory",
+            envvars={"ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1", "PATH": ansible_path(),
+                     "ANSIBLE_CONFIG": str(repo_root() / "ansible.cfg")},
         )
         tail = _keep_artifacts(work, private_dir, scrubber)
     return PlaybookResult(status=str(result.status), rc=int(result.rc or 0), data=found, failures=failures, output_tail=tail)

@@ -323,6 +323,7 @@ class _Action:
         self.modules: list[str] = []
         self._shared_loader_obj = type("Shared", (), {"module_loader": _Loader()})()
         self._templar = type("Templar", (), {"template": staticmethod(lambda value: value)})()
+        self._task = type("Task", (), {"delegate_to": None})()
 
     def _low_level_execute_command(self, cmd: str, sudoable: bool = True, in_data: bytes | None = None) -> dict[str, Any]:
         assert sudoable and in_data is not None
@@ -359,9 +360,15 @@ def test_the_interpreter_is_the_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
     read_action.probe(action, "labctl_read", {"argv": ["true"]}, discovered)
     read_action.probe(action, "labctl_read", {"argv": ["true"]}, {})
     assert [c.split()[0] for c, _ in action.commands] == ["/usr/bin/python3.12", "/usr/bin/python3"]
+    # a delegated task runs where it is delegated: that host's interpreter
+    action._task.delegate_to = "localhost"
+    read_action.probe(action, "labctl_read", {"argv": ["true"]}, {
+        "ansible_python_interpreter": "/usr/bin/python3", "ansible_delegated_vars": {
+            "localhost": {"ansible_python_interpreter": "/opt/labctl/venv/bin/python"}}})
+    assert action.commands[-1][0].split()[0] == "/opt/labctl/venv/bin/python"
     monkeypatch.setenv("LABCTL_LIGHT", "0")
     assert read_action.probe(action, "labctl_read", {"argv": ["true"]}, {}) == {"from": "module"}
-    assert len(action.commands) == 2
+    assert len(action.commands) == 3
 
 
 def test_every_light_module_runs_without_ansible() -> None:
