@@ -26,8 +26,10 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shlex
 import typing as t
+from pathlib import Path
 
 import yaml
 from ansible.errors import AnsibleActionFail
@@ -36,20 +38,58 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.errors import UnsupportedError
 from ansible.plugins.action import ActionBase
 
-# Read on the target's standard input: {"name", "source", "args"}; the module runs under another name
-# than __main__ (its main() and AnsibleModule stay unused) and its light(args) answers, as JSON.
-BOOT = ("import json,sys\n"
+from labctl import module_utils as shared_code
+
+# Read on the target's standard input: {"name", "source", "args", "utils"}. The shared code the module
+# imports (ansible.module_utils.labctl.<x>, standard library only: src/labctl/module_utils) comes as
+# source in "utils", served by an import finder under the names the module uses; the module runs under
+# another name than __main__ (its main() and AnsibleModule stay unused) and its light(args) answers, as JSON.
+BOOT = ("import importlib.util,json,sys\n"
         "d=json.loads(sys.stdin.buffer.read())\n"
+        "u=d['utils']\n"
+        "P=('ansible','ansible.module_utils','ansible.module_utils.labctl')\n"
+        "class F:\n"
+        " def find_spec(s,n,p=None,t=None):\n"
+        "  return importlib.util.spec_from_loader(n,s,is_package=n in P) if n in u or n in P else None\n"
+        " def create_module(s,spec):\n"
+        "  return None\n"
+        " def exec_module(s,m):\n"
+        "  if m.__name__ in u:exec(compile(u[m.__name__],m.__name__,'exec'),m.__dict__)\n"
+        "sys.meta_path.insert(0,F())\n"
         "g={'__name__':'labctl_light','__file__':d['name']}\n"
         "exec(compile(d['source'],d['name'],'exec'),g)\n"
         "sys.stdout.write('\\n'+json.dumps(g['light'](d['args'])))\n")
+SHARED = "ansible.module_utils.labctl"
+_IMPORTS = re.compile(r"^(?:from ansible\.module_utils\.labctl\.(\w+) import|import ansible\.module_utils\.labctl\.(\w+))",
+                      re.MULTILINE)
+_NEIGHBOURS = re.compile(r"^\s*from \.(\w+) import", re.MULTILINE)
 
 _SOURCES: dict[str, str] = {}  # module name -> its file's text, read once per run
+_UTILS: dict[str, dict[str, str]] = {}  # module name -> the shared code it imports, by module name
 _SPECS: dict[str, dict[str, dict[str, t.Any]]] = {}
 
 
 def light_enabled() -> bool:
     return os.environ.get("LABCTL_LIGHT", "1") != "0"
+
+
+def _utils(name: str, source: str) -> dict[str, str]:
+    """The shared target code module `name` imports, and what that imports in turn (relative imports
+    between its modules), as {ansible.module_utils.labctl.<x>: source}: labctl's own copy
+    (labctl.module_utils, the package library/'s and the roles' module_utils/labctl symlinks name)."""
+    if name not in _UTILS:
+        here = Path(shared_code.__file__).parent
+        wanted = [a or b for a, b in _IMPORTS.findall(source)]
+        found: dict[str, str] = {}
+        while wanted:
+            util = wanted.pop()
+            if f"{SHARED}.{util}" in found:
+                continue
+            text = (here / f"{util}.py").read_text(encoding="utf-8")
+            found[f"{SHARED}.{util}"] = text
+            wanted += _NEIGHBOURS.findall(text)
+        _UTILS[name] = found
+    return _UTILS[name]
 
 
 def _source(action: ActionBase, name: str) -> tuple[str, str] | None:
@@ -85,7 +125,7 @@ def light_call(action: ActionBase, name: str, args: dict[str, t.Any], task_vars:
     if source is None:
         return None
     python = _interpreter(action, task_vars)
-    data = json.dumps({"name": source[0], "source": source[1], "args": args})
+    data = json.dumps({"name": source[0], "source": source[1], "args": args, "utils": _utils(name, source[1])})
     command = f"{shlex.quote(python)} -I -c {shlex.quote(BOOT)}"
     done = action._low_level_execute_command(command, sudoable=True, in_data=data.encode("utf-8"))
     if done.get("rc") != 0:

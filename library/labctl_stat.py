@@ -10,6 +10,8 @@ import pwd
 import stat
 import typing as t
 
+from ansible.module_utils.labctl.sums import pump
+
 DOCUMENTATION = r"""
 ---
 module: labctl_stat
@@ -98,9 +100,8 @@ def describe(args: dict[str, t.Any]) -> dict[str, t.Any]:
         answer["lnk_target"] = os.readlink(path)
     if stat.S_ISREG(mode) and args.get("get_checksum", True) and answer["readable"]:
         digest = hashlib.new(str(args.get("checksum_algorithm") or "sha1"))
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
+        with open(path, "rb", buffering=0) as reader:
+            pump(reader, digest)
         answer["checksum"] = digest.hexdigest()
     return answer
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import json
 import os
+import pkgutil
 import pwd
 import shutil
 import subprocess
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +23,20 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+import labctl.module_utils
 from labctl.bundle.apt_stage import BaseSpec
 from labctl.bundle.builder import BuildOptions, BuildResult, build_bundle
 from labctl.cli import app
 from labctl.profile import load_profile
 from labctl.progress import PlainReporter
+
+# library/'s modules import labctl's shared target code as ansible.module_utils.labctl (ansible packs it
+# with them, the light call sends it along); the tests that load a module's file in-process find it
+# under that name as labctl's own package.
+sys.modules.setdefault("ansible.module_utils.labctl", labctl.module_utils)
+for _shared in pkgutil.iter_modules(labctl.module_utils.__path__):
+    sys.modules.setdefault(f"ansible.module_utils.labctl.{_shared.name}",
+                           importlib.import_module(f"labctl.module_utils.{_shared.name}"))
 
 # (name, version, arch, depends); pkgb has an epoch to check pool naming.
 DEBS = [

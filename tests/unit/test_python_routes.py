@@ -112,7 +112,8 @@ def _module_utils_dirs() -> list[Path]:
 
 def test_every_module_utils_folder_is_the_one_symlink_into_labctl() -> None:
     folders = _module_utils_dirs()
-    assert {d.relative_to(REPO).as_posix() for d in folders} >= {"roles/airgap/module_utils", "roles/model_weights/module_utils"}
+    assert {d.relative_to(REPO).as_posix() for d in folders} >= {"roles/airgap/module_utils", "roles/model_weights/module_utils",
+                                                                 "module_utils"}
     for folder in folders:
         entries = sorted(p.name for p in folder.iterdir())
         where = folder.relative_to(REPO)
@@ -120,8 +121,10 @@ def test_every_module_utils_folder_is_the_one_symlink_into_labctl() -> None:
         link = folder / "labctl"
         assert link.is_symlink() and link.resolve() == SHARED, f"{where}/labctl must be a symlink to src/labctl/module_utils"
         assert not Path(os.readlink(link)).is_absolute(), f"{where}/labctl: a relative link, so that every checkout has it"
+    # library/'s modules (beside no role) reach it through the repository's own folder, the one path ansible.cfg names
     config = (REPO / "ansible.cfg").read_text()
-    assert not re.search(r"^\s*module_utils\s*=", config, re.MULTILINE), "ansible.cfg: module_utils come from the roles"
+    assert re.findall(r"^\s*module_utils\s*=\s*(.*)$", config, re.MULTILINE) == ["module_utils"], \
+        "ansible.cfg: module_utils = module_utils (the repository's folder, the symlink); the roles bring their own"
 
 
 def _imports(path: Path) -> Iterator[tuple[int, str]]:

@@ -9,7 +9,10 @@ One route each way between Ansible and this package:
   own venv first on PATH) finds it. No plugin loads labctl by file path or edits ``sys.path``.
 * **Targets** (modules in ``library/`` and ``roles/<role>/library/``): this package, and only
   this package, as ``module_utils``. A role whose modules need it has one entry in
-  ``roles/<role>/module_utils/``: the symlink ``labctl -> ../../../src/labctl/module_utils``.
+  ``roles/<role>/module_utils/``: the symlink ``labctl -> ../../../src/labctl/module_utils``;
+  ``library/``'s modules reach it through the repository's ``module_utils/labctl`` (the same
+  symlink, the one ``module_utils`` path ansible.cfg names). Their light calls
+  (``action_plugins/labctl_read.py``) send the modules of this package they import with them.
   A module imports ``ansible.module_utils.labctl.<module>``; labctl itself imports
   ``labctl.module_utils.<module>``: one source, no copy. Ansible packs the package with the
   module (AnsiballZ follows the relative imports inside it).
