@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import grp
 import http.server
-import importlib.util
 import json
 import os
 import pwd
@@ -20,22 +19,11 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-
-
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from .test_fast_probes import BIN, REPO, _load
 
 read_action = _load("labctl_read_action", REPO / "action_plugins" / "labctl_read.py")
 filters = _load("labctl_filters_light", REPO / "filter_plugins" / "labctl_filters.py")
