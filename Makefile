@@ -43,6 +43,7 @@ bundle-test: venv image
 	python3 tests/fixtures/kernel-repo/build_kernels.py >/dev/null
 	python3 tests/fixtures/grafana/build.py >/dev/null
 	python3 scripts/make-tiny-model.py build/models/tiny-llama/r1 >/dev/null
+	python3 scripts/make-tiny-model.py build/models/tiny-embed/r1 --seed 3 >/dev/null
 	labctl bundle build --profile test --out $(TEST_BUNDLE) --base-image $(LABCTL_TEST_IMAGE)
 	labctl bundle verify $(TEST_BUNDLE)
 

@@ -42,6 +42,28 @@ def labctl_topology(groups: Any, hostvars: Any, gpu_source: str = "facts", bundl
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def labctl_of_model(items: Any, model: Any, strict: bool = True) -> list[dict[str, Any]]:
+    """The replicas (lab_topology.replicas) or models (lab_topology.models) of one model, by its name
+    or one of its public names; all of them when ``model`` is empty (labctl smoke and rolling-restart's
+    --model). With ``strict`` (the lab's whole list) a name nothing carries is refused, naming what
+    there is; a host's replicas (not strict) may hold none of that model."""
+    items = [dict(i) for i in items or []]
+    wanted = str(model or "")
+    if not wanted:
+        return items
+
+    def names(item: dict[str, Any]) -> set[str]:
+        found = {str(item.get("model") or item.get("name") or "")}
+        found.update(str(n) for n in item.get("public_names") or item.get("served_names") or [item.get("public_name") or ""])
+        return found - {""}
+
+    chosen = [i for i in items if wanted in names(i)]
+    if not chosen and items and strict:
+        known = sorted({n for i in items for n in names(i)})
+        raise AnsibleFilterError(f"--model {wanted}: no such model here (the lab serves: {', '.join(known)})")
+    return chosen
+
+
 def labctl_each(items: Any, var: str, contents: Any = None, **entry: Any) -> list[dict[str, Any]]:
     """labctl_template's files entries, one per item (what a loop over labctl_template would write, in
     one task): each gets the item as the template variable `var`, and `dest` and `src` are formatted
@@ -86,5 +108,6 @@ class FilterModule:
         return {
             "labctl_topology": labctl_topology,
             "labctl_each": labctl_each,
+            "labctl_of_model": labctl_of_model,
             "labctl_getent": labctl_getent,
         }

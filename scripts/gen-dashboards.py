@@ -132,8 +132,9 @@ FAILURE_SHARE: Thresholds = ((None, "green"), (0.05, "red"))
 
 # --- vLLM serving ----------------------------------------------------------------------------
 
-V = 'job="vllm", host=~"$host", replica=~"$replica"'  # raw vLLM series
-R = 'host=~"$host", replica=~"$replica"'  # the lab's recording rules (labels host, replica)
+V = 'job="vllm", model=~"$model", host=~"$host", replica=~"$replica"'  # raw vLLM series
+R = 'model=~"$model", host=~"$host", replica=~"$replica"'  # the lab's recording rules (labels host, replica, model)
+M = 'job="vllm", model=~"$model", host=~"$host"'  # per model (Prometheus labels every replica with its model)
 
 
 def quantile_rule(rule: str) -> tuple[tuple[str, str], ...]:
@@ -154,11 +155,22 @@ VLLM = Dashboard(
     title="vLLM serving",
     description="The vLLM replicas behind the gateway: load, throughput, latency, KV-cache (vLLM V1 metrics).",
     variables=(
-        Variable("host", "Host", "GPU hosts that run replicas.", 'label_values(up{job="vllm"}, host)'),
-        Variable("replica", "Replica", "Replica index on the host (0, 1, ...).",
-                 'label_values(up{job="vllm", host=~"$host"}, replica)'),
+        Variable("model", "Model", "The models the lab serves (their public names; several with lab_models).",
+                 'label_values(up{job="vllm"}, model)'),
+        Variable("host", "Host", "GPU hosts that run replicas.", 'label_values(up{job="vllm", model=~"$model"}, host)'),
+        Variable("replica", "Replica", "Replica index on the host (0, 1, ...; model k's from 100 x k).",
+                 'label_values(up{job="vllm", model=~"$model", host=~"$host"}, replica)'),
     ),
     sections=(
+        Section("Models", columns=2, height=6, panels=(
+            Panel("Replicas up by model", "Per model, its replicas whose /metrics answered the last scrape. 0: the "
+                  "model is down (alert VllmModelDown names it); the gateway answers its requests with errors.", "none",
+                  ((f"sum by (model) (up{{{M}}})", "{{model}}"),), decimals=0, min=0),
+            Panel("Requests running and waiting by model", "Per model, the requests in its replicas' batches and "
+                  "queues. A model whose waiting stays high needs more replicas (lab_models gpus).", "none",
+                  ((f"sum by (model) (vllm:num_requests_running{{{M}}})", "running {{model}}"),
+                   (f"sum by (model) (vllm:num_requests_waiting{{{M}}})", "waiting {{model}}")), decimals=0, min=0),
+        )),
         Section("Overview", columns=4, height=4, panels=(
             Panel("Replicas up", "Replicas whose /metrics answered the last scrape. Below the planned count: a "
                   "replica is down or restarting (a rolling restart takes one at a time).", "none",

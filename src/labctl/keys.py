@@ -30,6 +30,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 CLASSES = ("interactive", "batch")
 KEY_PREFIX = "sk-lab-"
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+# A model a key may be limited to (lab_models: a model's name or served name, labctl.models.NAME).
+MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 STORE_VERSION = 1
 
 
@@ -49,6 +51,8 @@ class AppKey:
     max_parallel: int | None = None
     expires: str | None = None
     revoked: str | None = None
+    # Several models (lab_models): the models it may use (its class's names of those); None: every model.
+    models: list[str] | None = None
 
     def status(self, now: datetime) -> str:
         if self.revoked:
@@ -60,6 +64,8 @@ class AppKey:
     def record(self) -> dict[str, Any]:
         data = asdict(self)
         data["class"] = data.pop("key_class")
+        if data["models"] is None:
+            del data["models"]
         return data
 
     @classmethod
@@ -161,7 +167,7 @@ class KeyStore:
 
     @_under_lock
     def add(self, name: str, key_class: str, *, rpm: int | None = None, tpm: int | None = None,
-            max_parallel: int | None = None, expires: str | None = None,
+            max_parallel: int | None = None, expires: str | None = None, models: list[str] | None = None,
             now: datetime | None = None) -> tuple[AppKey, str]:
         """A new key: returns its record and the key (shown once, stored nowhere)."""
         now = now or datetime.now(UTC)
@@ -172,12 +178,15 @@ class KeyStore:
         for label, value in (("--rpm", rpm), ("--tpm", tpm), ("--max-parallel", max_parallel)):
             if value is not None and value < 1:
                 raise KeyRefused(f"{label} {value}: a limit is a positive number (leave it out for none)")
+        if models is not None and (not models or not all(MODEL.match(m) for m in models)):
+            raise KeyRefused(f"--model {models}: model names (letters, digits, '.', '_', '-')")
         keys = self.load()
         if any(k.name == name and k.status(now) != "revoked" for k in keys):
             raise KeyRefused(f"key {name} exists (revoke it first, or pick another name)")
         key = new_key()
         record = AppKey(name=name, key_class=key_class, sha256=hash_key(key), created=now.isoformat(), rpm=rpm, tpm=tpm,
-                        max_parallel=max_parallel, expires=parse_expiry(expires, now) if expires else None)
+                        max_parallel=max_parallel, expires=parse_expiry(expires, now) if expires else None,
+                        models=list(models) if models else None)
         self.save([*keys, record])
         return record, key
 

@@ -83,6 +83,8 @@ def add(
         "--max-parallel", help="Requests in flight at once (429 beyond); default: the gateway's share "
                                "(litellm_app_key_max_parallel_share of its admission slots).")] = None,
     expires: Annotated[str | None, typer.Option("--expires", help="YYYY-MM-DD (end of that day, UTC) or an ISO date-time.")] = None,
+    model: Annotated[list[str] | None, typer.Option(
+        "--model", help="Several models (lab_models): a model it may use (repeat for more); default: every model of its class.")] = None,
     no_push: NoPush = False,
 ) -> None:
     """Make a key for one application; prints it once (it is stored nowhere), then sends its hash."""
@@ -91,7 +93,7 @@ def add(
     path, database_mode = locate(inventory)
     store = KeyStore(path)
     try:
-        record, key = store.add(name, key_class, rpm=rpm, tpm=tpm, max_parallel=max_parallel, expires=expires)
+        record, key = store.add(name, key_class, rpm=rpm, tpm=tpm, max_parallel=max_parallel, expires=expires, models=model)
     except KeyRefused as exc:
         raise _fail(str(exc)) from exc
     typer.echo(f"key {record.name} ({record.key_class}) made; give it to the application now, it is not shown again:",
@@ -141,13 +143,13 @@ def list_keys(inventory: runs_cli.Inventory, json_output: runs_cli.JsonOut = Fal
     except KeyRefused as exc:
         raise _fail(str(exc), Exit.FAILED) from exc
     now = datetime.now(UTC)
-    rows = [{"name": k.name, "class": k.key_class, "rpm": k.rpm, "tpm": k.tpm, "max_parallel": k.max_parallel,
-             "expires": k.expires,
+    rows = [{"name": k.name, "class": k.key_class, "models": ",".join(k.models) if k.models else None, "rpm": k.rpm,
+             "tpm": k.tpm, "max_parallel": k.max_parallel, "expires": k.expires,
              "created": k.created, "revoked": k.revoked, "status": k.status(now)} for k in keys]
     if json_output:
         typer.echo(json.dumps(rows, indent=1))
         return
-    columns = ("name", "class", "rpm", "tpm", "max_parallel", "expires", "status")
+    columns = ("name", "class", "models", "rpm", "tpm", "max_parallel", "expires", "status")
     table = Table(*columns, title=str(store.path))
     for row in rows:
         table.add_row(*(str(row[c]) if row[c] is not None else "-" for c in columns))

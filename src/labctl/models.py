@@ -1,10 +1,9 @@
 """Several models side by side (Issue 32): the ``lab_models`` list, checked, and its placement on a
 host's GPUs.
 
-A first slice: this module is the placement the topology will use; no role reads it yet, and a
-lab that sets ``lab_models`` is refused by the topology until every layer follows the list (the
-vllm, litellm, prometheus, grafana and artifacts roles). Keep it **stdlib only** and compatible
-with Python 3.9, like labctl.topology.
+labctl.topology plans a lab that sets ``lab_models`` with it (its replicas carry their model), and
+publishes the list as ``lab_topology.models``. Keep it **stdlib only** and compatible with Python
+3.9, like labctl.topology.
 
 An entry of ``lab_models``::
 
@@ -42,6 +41,9 @@ DEFAULT_UTILIZATION = 0.80
 GPU_CAPACITY = 1.0
 ENTRY_KEYS = frozenset(("id", "name", "revision", "served_names", "classes", "kind", "gpus", "gpu_memory_utilization",
                         "tensor_parallel_size", "flags"))
+# What the topology publishes of each model (lab_topology.models): the gateway's model list, the keys'
+# models, the artifacts layer's staging.
+PUBLIC_KEYS = ("id", "name", "revision", "served_names", "classes", "kind")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

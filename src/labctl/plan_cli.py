@@ -192,6 +192,12 @@ def to_json(inventory: Path, source: str, reports: list[HostReport]) -> dict[str
                 "recommendation": asdict(plan.recommendation),
             }
         )
+        if report.gpu_shares:
+            hosts[-1]["placement"] = {
+                "replicas": [{k: r[k] for k in ("model", "index", "port", "gpus", "gpu_memory_utilization", "kind")}
+                             for r in report.placement],
+                "gpu_shares": {str(g): v for g, v in sorted(report.gpu_shares.items())},
+            }
     return {"inventory": str(inventory), "gpu_source": source, "hosts": hosts}
 
 
@@ -261,6 +267,11 @@ def render_plain(reports: list[HostReport], width: int = 100) -> str:
         for warning in warnings:
             lines += textwrap.wrap(warning, width, initial_indent="  - ", subsequent_indent="    ")
         lines += textwrap.wrap(_recommendation(report), width, subsequent_indent="  ")
+        placement = report.placement_lines()
+        if placement:
+            lines.append("models (lab_models), each GPU's memory shares:")
+            for line in placement:
+                lines += textwrap.wrap(line, width, initial_indent="  ", subsequent_indent="    ")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
@@ -283,6 +294,11 @@ def render_rich(reports: list[HostReport], console: Console) -> None:
             console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
         style = "green" if report.plan.recommendation.fits else "red"
         console.print(_recommendation(report), style=style, markup=False, highlight=False)
+        placement = report.placement_lines()
+        if placement:
+            console.print("models (lab_models), each GPU's memory shares:", markup=False, highlight=False)
+            for line in placement:
+                console.print(f"  {line}", markup=False, highlight=False)
         console.print()
 
 
@@ -303,7 +319,8 @@ def plan_command(
     gpu: Annotated[
         list[str] | None, typer.Option(help='A GPU as "NAME:MiB" (e.g. "NVIDIA H200:143771"); repeat per GPU.')
     ] = None,
-    model: Annotated[str | None, typer.Option(help="Model profile (default: lab_model_name).")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Model profile (default: lab_model_name); with lab_models: the model whose replicas are listed.")] = None,
     gpu_memory_utilization: Annotated[float | None, typer.Option(help="Override vllm_gpu_memory_utilization.")] = None,
     max_model_len: Annotated[int | None, typer.Option(help="Override vllm_max_model_len.")] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Override vllm_max_num_seqs.")] = None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from labctl import topology
+from labctl import models, topology
 from labctl.plan import Gpu, HostPlan, PlanError, VllmSettings, model_profile, plan_host
 
 # Inventory variable of each setting, as the vllm role reads it.
@@ -58,6 +58,21 @@ class HostReport:
     plan: HostPlan
     origins: dict[str, str]
     notes: list[str] = field(default_factory=list)
+    # Several models (lab_models): where each replica runs and each GPU's shares (placement_lines).
+    placement: list[dict[str, Any]] = field(default_factory=list)
+    gpu_shares: dict[int, float] = field(default_factory=dict)
+
+    def placement_lines(self) -> list[str]:
+        """Per GPU the replicas on it and their shares of its memory, summed: the proof that they fit."""
+        lines = []
+        for gpu, used in sorted(self.gpu_shares.items()):
+            on = [r for r in self.placement if str(gpu) in str(r["gpus"]).split(",")]
+            if not on:
+                continue
+            size = self.plan.gpus[gpu].memory_mib / 1024 if gpu < len(self.plan.gpus) else 0.0
+            parts = " + ".join(f"{r['gpu_memory_utilization']:.2f} {r['model']} (vllm@{r['index']}, port {r['port']})" for r in on)
+            lines.append(f"GPU {gpu}: {parts} = {used:.2f} of 1.00 ({used * size:.1f} of {size:.1f} GiB)")
+        return lines
 
     def warnings(self) -> list[str]:
         """Host warnings, then each replica warning once with the replicas it concerns."""
@@ -91,7 +106,9 @@ def plan_for_host(host: str, hostvars: dict[str, Any], gpus: list[Gpu], given: O
             values[key], origins[key] = option, "option"
         else:
             values[key], origins[key] = host_setting(host, hostvars, var, kind)
-    name = given.model or hostvars.get("lab_model_name") or topology.DEFAULT_MODEL
+    listed = hostvars.get(topology.MODELS)
+    # With lab_models, --model picks the model whose replicas are listed; the memory plan is lab_model_name's.
+    name = (given.model if listed is None else None) or hostvars.get("lab_model_name") or topology.DEFAULT_MODEL
     if not isinstance(name, str) or "{{" in name:
         raise InputError(f"{host}: lab_model_name is {name!r}; give --model")
     try:
@@ -116,7 +133,27 @@ def plan_for_host(host: str, hostvars: dict[str, Any], gpus: list[Gpu], given: O
     except PlanError as exc:
         raise InputError(f"{host}: {exc}") from exc
     report = HostReport(host, plan, origins)
+    if listed is not None:
+        _place(report, host, hostvars, listed, len(gpus), given.model)
     expected = hostvars.get("lab_expected_gpu_count")
     if isinstance(expected, int) and expected > 0 and expected != len(gpus):
         report.notes.append(f"lab_expected_gpu_count is {expected}, the GPU facts show {len(gpus)} GPUs")
     return report
+
+
+def _place(report: HostReport, host: str, hostvars: dict[str, Any], listed: Any, gpu_count: int, wanted: str | None) -> None:
+    """lab_models placed on this host's GPUs (labctl.models, as the topology places them); ``wanted``
+    (--model) keeps that model's replicas in the listing, the shares stay every model's."""
+    base, _ = host_setting(host, hostvars, topology.SETTINGS["base_port"][0], int)
+    try:
+        replicas = models.place(models.parse(listed), host, gpu_count, int(base))
+    except models.ModelsError as exc:
+        raise InputError(f"{host}: {exc}") from exc
+    report.gpu_shares = models.memory_plan(replicas, gpu_count)
+    if wanted:
+        chosen = [r for r in replicas if wanted == r["model"] or wanted in r["public_names"]]
+        if not chosen:
+            served = sorted({r["model"] for r in replicas})
+            raise InputError(f"{host}: --model {wanted}: lab_models places no replica of it here (models here: {', '.join(served)})")
+        replicas = chosen
+    report.placement = replicas

@@ -233,7 +233,7 @@ def format_cpulist(cpus: list[int]) -> str:
     return ",".join(parts)
 
 
-def numa_binding(plan: list[dict[str, Any]], facts: Mapping[str, Any], gpus: int) -> None:
+def numa_binding(plan: list[dict[str, Any]], facts: Mapping[str, Any], gpus: int, per_gpu: bool = False) -> None:
     """Bind each replica of ``plan`` to the NUMA node(s) of its GPUs, in place: ``numa_nodes`` (the
     nodes) and ``numa_cpus`` (their CPUs). The facts are labctl_gpu_facts': ``gpu_numa_nodes`` (CUDA
     device i's node, PCI bus order) and ``numa_node_cpus``. A replica whose GPUs' nodes are not all
@@ -243,7 +243,8 @@ def numa_binding(plan: list[dict[str, Any]], facts: Mapping[str, Any], gpus: int
     a plan that works.
 
     On the CPU build (``cpus`` set: VLLM_CPU_OMP_THREADS_BIND), the replicas bound to the same CPUs
-    share those CPUs out evenly instead of the host's."""
+    share those CPUs out evenly instead of the host's; with ``per_gpu`` (several models), each GPU of
+    a node takes an equal part of the node's CPUs and each replica the parts of its GPUs."""
     nodes = facts.get("gpu_numa_nodes") or []
     node_cpus = facts.get("numa_node_cpus") or {}
     if not isinstance(nodes, list) or len(nodes) != int(gpus) or not isinstance(node_cpus, Mapping):
@@ -254,6 +255,9 @@ def numa_binding(plan: list[dict[str, Any]], facts: Mapping[str, Any], gpus: int
         if mine and min(mine) >= 0 and all(node_cpus.get(str(n)) for n in mine) and cpus:
             r["numa_nodes"] = mine
             r["numa_cpus"] = format_cpulist(cpus)
+    if per_gpu:
+        _numa_gpu_cores(plan, nodes, node_cpus)
+        return
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in plan:
         if r.get("numa_cpus") and r.get("cpus"):
@@ -263,6 +267,21 @@ def numa_binding(plan: list[dict[str, Any]], facts: Mapping[str, Any], gpus: int
         share = len(cpus) // len(members)
         for i, r in enumerate(members):
             r["cpus"] = format_cpulist(cpus[i * share:(i + 1) * share]) if share else ""
+
+
+def _numa_gpu_cores(plan: list[dict[str, Any]], nodes: list[Any], node_cpus: Mapping[str, Any]) -> None:
+    """The CPU build with several models: a node's CPUs in equal parts, one per GPU of the node (in index
+    order), and each NUMA-bound replica the parts of its GPUs."""
+    parts: dict[int, list[int]] = {}
+    for node in sorted({int(n) for n in nodes if int(n) >= 0}):
+        members = [g for g, n in enumerate(nodes) if int(n) == node]
+        cpus = parse_cpulist(str(node_cpus.get(str(node)) or ""))
+        share = len(cpus) // len(members)
+        for i, g in enumerate(members):
+            parts[g] = cpus[i * share:(i + 1) * share]
+    for r in plan:
+        if r.get("numa_cpus") and r.get("cpus"):
+            r["cpus"] = format_cpulist([c for g in str(r["gpus"]).split(",") for c in parts.get(int(g), [])])
 
 
 def gpu_count(facts: Mapping[str, Any], given: Mapping[str, Any], source: str = "facts") -> tuple[int, str]:
@@ -299,6 +318,7 @@ def lab_topology(
     facts: Mapping[str, Mapping[str, Any]],
     gpu_source: str = "facts",
     bundle_packages: list[str] | None = None,
+    bundle_models: Mapping[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """The topology of the lab.
 
@@ -307,7 +327,8 @@ def lab_topology(
     ``gpu_source``: "facts" on the hosts, "inventory" on the control node (GPU counts from
     lab_expected_gpu_count, addresses from ansible_host); ``bundle_packages``: the apt packages
     the bundle carries (node_exporter_gpu_source: auto picks DCGM exporter when they include
-    ``DCGM_PACKAGES``).
+    ``DCGM_PACKAGES``); ``bundle_models``: the bundle's models and revisions (name: [revision]),
+    when known: a ``lab_models`` entry the bundle lacks is a problem.
 
     Problems do not raise: they are listed under ``problems`` (host: text), so that preflight
     reports every one at once.
@@ -322,6 +343,8 @@ def lab_topology(
     problems: list[str] = []
     out_hosts: dict[str, dict[str, Any]] = {}
     replicas: list[dict[str, Any]] = []
+    listed, models_problems = _lab_models(everyone, hosts, bundle_models)
+    problems += models_problems
 
     for host in everyone:
         given = hosts.get(host) or {}
@@ -355,8 +378,11 @@ def lab_topology(
 
         if "gpu" in roles:
             try:
-                _plan_host(entry, host, given, hf, gpu_source, gateways, address, replicas)
-            except TopologyError as exc:
+                if listed is not None:
+                    _plan_models(entry, host, given, hf, gpu_source, gateways, address, replicas, listed)
+                else:
+                    _plan_host(entry, host, given, hf, gpu_source, gateways, address, replicas)
+            except (TopologyError, models.ModelsError) as exc:
                 problems.append(f"{host}: {exc}")
         served = (("gateway", ("litellm_port", "postgresql_port", "redis_port")), ("monitoring", ("prometheus_port", "grafana_port")))
         for role, keys in served:
@@ -381,7 +407,6 @@ def lab_topology(
         if entry["exporters"]["listen"].startswith("127.") and away:
             problems.append(f"{host}: its exporters listen on loopback only, out of reach of Prometheus on {', '.join(away)}: "
                             "set node_exporter_listen_address")
-    problems += _models_problems(everyone, hosts)
     if gpu_hosts and gateways and not replicas and not problems:
         problems.append(f"no vLLM replica planned on any host of {GPU_GROUP}")
     for host in gateways if not problems else []:
@@ -390,7 +415,7 @@ def lab_topology(
             group, var = setting(hosts.get(host) or {}, "upstream_group")
             problems.append(f"{host}: No replica behind the gateway: no host of {group} ({var}) has a vLLM replica")
 
-    return {
+    out: dict[str, Any] = {
         "groups": {"gpu": gpu_hosts, "gateway": gateways, "monitoring": monitors, "lab": lab},
         "hosts": out_hosts,
         "replicas": replicas,
@@ -399,27 +424,31 @@ def lab_topology(
         "drain_dir": DRAIN_DIR,
         "problems": problems,
     }
+    if listed is not None:
+        # Only with lab_models: a one-model lab's topology stays what it was, key for key.
+        out["models"] = [{key: m[key] for key in models.PUBLIC_KEYS} for m in listed]
+    return out
 
 
-def _models_problems(everyone: list[str], hosts: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """lab_models, once per distinct value: its own errors (entry and field), else the refusal of a
-    list the roles do not serve yet. Silence would serve one model while the inventory lists several."""
-    seen: list[Any] = []
-    found: list[str] = []
-    for host in everyone:
-        value = (hosts.get(host) or {}).get(MODELS)
-        if value is None or value in seen:
-            continue
-        seen.append(value)
-        try:
-            listed = models.parse(value)
-        except models.ModelsError as exc:
-            found.append(f"{host}: {exc}")
-            continue
-        found.append(f"{host}: {MODELS} lists {len(listed)} model(s) ({', '.join(m['name'] for m in listed)}): several "
-                     "models side by side are checked and placed (labctl.models) but not served yet (Issue 32); "
-                     "remove lab_models and serve one model with lab_model_name")
-    return found
+def _lab_models(everyone: list[str], hosts: Mapping[str, Mapping[str, Any]],
+               bundle_models: Mapping[str, list[str]] | None) -> tuple[list[dict[str, Any]] | None, list[str]]:
+    """lab_models, checked (labctl.models.parse): the list every host plans from, or None when no host
+    sets it (one model: lab_model_name), and the problems. The list is the lab's (group_vars/all): two
+    hosts giving different lists is a problem, since the gateways route by it."""
+    given = [(host, (hosts.get(host) or {}).get(MODELS)) for host in everyone]
+    setters = [(host, value) for host, value in given if value is not None]
+    if not setters:
+        return None, []
+    first_host, value = setters[0]
+    others = [host for host, other in setters if other != value]
+    if others or len(setters) != len(given):
+        differ = others + [host for host, other in given if other is None]
+        return None, [(f"{first_host}: {MODELS} differs on {', '.join(differ)}: set it once for the whole lab "
+                       "(group_vars/all), the gateways route every model by it")]
+    try:
+        return models.parse(value, bundle_models), []
+    except models.ModelsError as exc:
+        return None, [f"{first_host}: {exc}"]
 
 
 def _settings(given: Mapping[str, Any], host: str, roles: list[str], groups: Mapping[str, Any]) -> dict[str, Any]:
@@ -454,8 +483,9 @@ def _ports(entry: Mapping[str, Any], given: Mapping[str, Any]) -> list[dict[str,
     (a replica's: the base port's variable + its index), the replicas' as asked even when the plan
     is refused."""
     base, asked = int(entry.get("vllm_base_port") or 0), int(entry.get("vllm_ports_asked") or 0)
+    indexes = [int(p) - base for p in entry["vllm_ports"]] if "vllm_ports" in entry else range(asked if base else 0)
     ports = [{"service": f"vllm@{i}", "port": base + i, "name": f"vLLM replica {i} ({entry['vllm_base_port_from']}+{i})"}
-             for i in range(asked if base else 0)]
+             for i in indexes]
     for key in ("litellm_port", "postgresql_port", "redis_port", "prometheus_port", "grafana_port"):
         if key in entry:
             ports.append({"service": key[:-len("_port")], "port": entry[key], "name": setting(given, key)[1]})
@@ -513,6 +543,54 @@ def _plan_host(entry: dict[str, Any], host: str, given: Mapping[str, Any], hf: M
         r.update(host=host, max_num_seqs=seqs, public_name=public, tensor_parallel_size=tp)
     replicas.extend(plan)
     entry["replicas"] = [r["index"] for r in plan]
+
+
+def _plan_models(entry: dict[str, Any], host: str, given: Mapping[str, Any], hf: Mapping[str, Any], gpu_source: str,
+                 gateways: list[str], address: str, replicas: list[dict[str, Any]], listed: list[dict[str, Any]]) -> None:
+    """``_plan_host`` for a lab with ``lab_models``: the replicas of every model (labctl.models.place:
+    GPUs and memory shares, NUMA first, index 100 x model id + i). The CPU build gives each GPU an
+    equal part of its node's cores (of the host's without NUMA facts) and each replica the cores of
+    its GPUs: adding a model beside another leaves the other's cores, and so its flags, as they were."""
+    entry["replicas"] = []
+    count, count_from = gpu_count(hf, given, gpu_source)
+    entry.update(gpu_count=count, gpu_count_from=count_from)
+    base, base_var = _int(given, "base_port", 1, 65535)
+    seqs, _ = _int(given, "max_num_seqs", 1)
+    flavor, _ = setting(given, "flavor")
+    entry.update(tensor_parallel_size=max(m["tensor_parallel_size"] for m in listed), vllm_base_port=base,
+                 vllm_base_port_from=base_var, vllm_ports_asked=0)
+    if count == 0:
+        raise TopologyError(f"no GPU is visible and {EXPECTED_GPUS} is not set for this host")
+    nodes = hf.get("gpu_numa_nodes") if isinstance(hf.get("gpu_numa_nodes"), list) else None
+    plan = models.place(listed, host, count, base, nodes)
+    if plan and base + max(r["index"] for r in plan) > 65535:
+        raise TopologyError(f"{base_var}={base}: the replicas' ports run past 65535")
+    listen, _ = setting(given, "vllm_listen_address")
+    if not listen:
+        listen = "127.0.0.1" if gateways == [host] else address
+    if not listen:
+        raise TopologyError("no address to listen on: set vllm_listen_address (this host has no default IPv4 route)")
+    tls = _flag(given, "replica_tls") and not is_loopback(str(listen))
+    netloc = f"[{listen}]" if ":" in str(listen) else str(listen)
+    cores = _gpu_cores(count, int(hf.get("processor_vcpus") or hf.get("processor_count") or 0) if flavor == "cpu" else 0)
+    by_id = {m["id"]: m for m in listed}
+    for r in plan:
+        flags = by_id[r["model_id"]]["flags"]
+        r.update(cpus=format_cpulist([c for g in str(r["gpus"]).split(",") for c in cores.get(int(g), [])]),
+                 address=str(listen), tls=bool(tls), url=f"{'https' if tls else 'http'}://{netloc}:{r['port']}",
+                 host=host, max_num_seqs=int(flags.get("max-num-seqs", seqs)), public_name=r["public_names"][0],
+                 flags=dict(flags))
+    numa_binding(plan, hf, count, per_gpu=True)
+    replicas.extend(plan)
+    entry["replicas"] = [r["index"] for r in plan]
+    entry["vllm_ports_asked"] = len(plan)
+    entry["vllm_ports"] = [r["port"] for r in plan]
+
+
+def _gpu_cores(gpus: int, cpus: int) -> dict[int, list[int]]:
+    """The CPU build without NUMA facts: the host's cores in equal parts, one per GPU."""
+    share = cpus // gpus if gpus and cpus else 0
+    return {g: list(range(g * share, (g + 1) * share)) for g in range(gpus)} if share else {}
 
 
 def _scrape(hosts: Mapping[str, Mapping[str, Any]], replicas: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

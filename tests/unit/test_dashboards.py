@@ -187,8 +187,11 @@ def test_query_variables(dashboards: dict[str, dict[str, Any]], name: str) -> No
 
 def test_vllm_variables(dashboards: dict[str, dict[str, Any]]) -> None:
     variables = {v["name"]: v for v in dashboards["labctl-vllm.json"]["templating"]["list"]}
-    assert variables["host"]["query"] == 'label_values(up{job="vllm"}, host)'
-    assert variables["replica"]["query"] == 'label_values(up{job="vllm", host=~"$host"}, replica)'
+    # Per model first (Issue 32: Prometheus labels every replica with its model), then host and replica.
+    assert list(variables)[:3] == ["model", "host", "replica"]
+    assert variables["model"]["query"] == 'label_values(up{job="vllm"}, model)'
+    assert variables["host"]["query"] == 'label_values(up{job="vllm", model=~"$model"}, host)'
+    assert variables["replica"]["query"] == 'label_values(up{job="vllm", model=~"$model", host=~"$host"}, replica)'
     hosts = {v["name"]: v for v in dashboards["labctl-host-gpu.json"]["templating"]["list"]}
     assert hosts["host"]["query"] == 'label_values(up{job="node"}, host)'
 

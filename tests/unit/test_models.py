@@ -1,4 +1,4 @@
-"""Several models side by side (Issue 32), the first slice: lab_models checked (bad input names the
+"""Several models side by side (Issue 32): lab_models checked (bad input names the
 entry and the field) and placed on a host's GPUs (src/labctl/models.py): shared GPUs within their
 memory, refusal beyond it, stable indices and ports when a model is added, NUMA-following groups."""
 
@@ -103,7 +103,7 @@ def test_bad_input_names_the_entry_and_the_field(entries: list[dict[str, Any]], 
     assert message in str(caught.value)
 
 
-def test_the_topology_refuses_a_list_it_does_not_serve_yet_and_names_a_bad_entry() -> None:
+def test_the_topology_serves_the_list_and_names_a_bad_entry() -> None:
     from labctl.topology import lab_topology
 
     groups = {"lab": ["gpu1"], "gpu_hosts": ["gpu1"], "gateway_hosts": ["gpu1"], "monitoring_hosts": ["gpu1"]}
@@ -111,11 +111,38 @@ def test_the_topology_refuses_a_list_it_does_not_serve_yet_and_names_a_bad_entry
     plain = lab_topology(groups, {"gpu1": {"lab_model_name": "gpt-oss-120b"}}, facts)
     assert plain["problems"] == []
     listed = lab_topology(groups, {"gpu1": {"lab_model_name": "gpt-oss-120b", "lab_models": [CHAT, EMBED]}}, facts)
-    assert listed["problems"] == [
-        ("gpu1: lab_models lists 2 model(s) (gpt-oss-120b, bge-small): several models side by side are checked and placed "
-        "(labctl.models) but not served yet (Issue 32); remove lab_models and serve one model with lab_model_name")]
+    assert listed["problems"] == []
+    assert [(r["model"], r["index"], r["port"], r["gpus"]) for r in listed["replicas"]] == [
+        ("gpt-oss-120b", 0, 8000, "0"), ("gpt-oss-120b", 1, 8001, "1"), ("bge-small", 100, 8100, "0")]
+    assert [m["name"] for m in listed["models"]] == ["gpt-oss-120b", "bge-small"]
+    assert [p["service"] for p in listed["hosts"]["gpu1"]["ports"][:3]] == ["vllm@0", "vllm@1", "vllm@100"]
     bad = lab_topology(groups, {"gpu1": {"lab_models": [CHAT, {**EMBED, "served_names": ["gpt-oss-120b"]}]}}, facts)
-    assert bad["problems"] == [("gpu1: lab_models[1] (bge-small): served_names: 'gpt-oss-120b' is already served by "
-                               "lab_models[0] (gpt-oss-120b)")]
-    # without lab_models the topology is what it was, key for key
-    assert "lab_models" not in str(plain)
+    assert ("gpu1: lab_models[1] (bge-small): served_names: 'gpt-oss-120b' is already served by "
+            "lab_models[0] (gpt-oss-120b)") in bad["problems"]
+    # without lab_models the topology is what it was, key for key (tests/unit/test_models_layers.py: byte for byte)
+    assert "models" not in plain and "model" not in plain["replicas"][0]
+
+
+def test_two_hosts_giving_different_lists_is_a_problem() -> None:
+    from labctl.topology import lab_topology
+
+    groups = {"lab": ["gpu1", "gpu2"], "gpu_hosts": ["gpu1", "gpu2"], "gateway_hosts": ["gpu1"], "monitoring_hosts": ["gpu1"]}
+    facts = {h: {"default_ipv4": {"address": f"10.0.0.{n}"}, "gpu_count": 2} for n, h in ((11, "gpu1"), (12, "gpu2"))}
+    out = lab_topology(groups, {"gpu1": {"lab_models": [CHAT, EMBED]}, "gpu2": {"lab_models": [CHAT]}}, facts)
+    assert out["problems"][0] == ("gpu1: lab_models differs on gpu2: set it once for the whole lab (group_vars/all), "
+                                  "the gateways route every model by it")
+
+
+def test_a_model_beyond_the_gpus_memory_is_refused_by_the_topology_naming_the_gpu() -> None:
+    from labctl.topology import lab_topology
+
+    groups = {"lab": ["gpu1"], "gpu_hosts": ["gpu1"], "gateway_hosts": ["gpu1"], "monitoring_hosts": ["gpu1"]}
+    facts = {"gpu1": {"default_ipv4": {"address": "10.0.0.11"}, "gpu_count": 2}}
+    out = lab_topology(groups, {"gpu1": {"lab_models": [{**CHAT, "gpus": [0, 1]}, {**EMBED, "gpus": [1], "gpu_memory_utilization": 0.3}]}},
+                       facts)
+    assert out["problems"] == [
+        "gpu1: lab_models[1] (bge-small): gpus: GPU 1 of gpu1 has 0.20 of its memory left beside gpt-oss-120b (0.80), not "
+        "the 0.30 gpu_memory_utilization asks for (the shares on one GPU add up to at most 1.0)"]
+    # A model that asks for every GPU left takes those with room: the chat model on GPU 0 only, named in the plan.
+    fewer = lab_topology(groups, {"gpu1": {"lab_models": [CHAT, {**EMBED, "gpus": [1], "gpu_memory_utilization": 0.3}]}}, facts)
+    assert [(r["model"], r["gpus"]) for r in fewer["replicas"]] == [("gpt-oss-120b", "0"), ("bge-small", "1")]

@@ -37,7 +37,7 @@ RECORDING_RULES = {
     "labctl:vllm_e2e_request_latency_seconds:quantile_rate1m",
 }
 ALERTS = {
-    "VllmReplicaDown", "VllmRequestsWaiting", "VllmKvCacheHigh", "GpuTemperatureHigh", "GpuXidError",
+    "VllmReplicaDown", "VllmModelDown", "VllmRequestsWaiting", "VllmKvCacheHigh", "GpuTemperatureHigh", "GpuXidError",
     "GpuMetricsMissing", "ModelDiskNearlyFull", "LitellmFailureRateHigh", "LitellmDown",
     "ProvisioningRunFailed", "ProvisioningDriftDetected", "ProvisioningRunStale", "NodeExporterDown",
     "PrometheusTargetDown", "TlsCertificateExpiresSoon",
@@ -185,7 +185,7 @@ def test_the_rules_are_the_expected_ones(tmp_path: Path) -> None:
     recording = rules_of(tmp_path / "labctl-recording.rules.yml")
     assert {rule["record"] for rule in recording} == RECORDING_RULES
     for rule in recording:
-        assert "by (host, replica)" in rule["expr"] or "by (le, host, replica)" in rule["expr"], rule
+        assert "by (host, replica, model)" in rule["expr"] or "by (le, host, replica, model)" in rule["expr"], rule
         if rule["record"].endswith(":quantile_rate1m"):
             assert re.match(rf"histogram_quantile\({rule['labels']['quantile']},", rule["expr"]), rule
     quantiles = {(r["record"], r["labels"]["quantile"]) for r in recording if "labels" in r}

@@ -45,6 +45,9 @@ def labctl_app_keys_doc(keys: list[dict[str, Any]], classes: list[dict[str, Any]
             by_class.setdefault(str(entry["key_class"]), []).append(str(entry["name"]))
     doc: dict[str, Any] = {"classes": by_class, "keys": {}}
     names: set[str] = set()
+    # Several models (lab_models): each class entry names its model; a key that lists models reaches
+    # its class's names of those models only.
+    model_of = {str(entry["name"]): str(entry["model"]) for entry in classes if entry.get("model")}
     for number, key in enumerate(keys or [], 1):
         if not isinstance(key, dict):
             raise AnsibleFilterError(f"lab_app_keys: entry {number} is not a mapping")
@@ -75,7 +78,48 @@ def labctl_app_keys_doc(keys: list[dict[str, Any]], classes: list[dict[str, Any]
         names.add(name)
         doc["keys"][digest] = {"name": name, "class": key["class"], "rpm": key.get("rpm"), "tpm": key.get("tpm"),
                                "max_parallel": key.get("max_parallel"), "expires": expires}
+        if key.get("models"):
+            doc["keys"][digest]["models"] = _key_models(where, key, by_class[key["class"]], model_of)
     return doc
+
+
+def _key_models(where: str, key: dict[str, Any], names: list[str], model_of: dict[str, str]) -> list[str]:
+    """The public names a key that lists ``models`` reaches: those of its class that serve one of
+    them (a model's name or one of its served names). Refuses a model the lab does not serve, or
+    one its class has no name of."""
+    wanted = key["models"]
+    if not isinstance(wanted, list) or not all(isinstance(m, str) and m for m in wanted):
+        raise AnsibleFilterError(f"{where}: models must be a list of model names, got {wanted!r}")
+    if not model_of:
+        raise AnsibleFilterError(f"{where}: models {wanted}: the lab serves one model (lab_models is not set), a key's "
+                                 "class is all it may be limited to")
+    served = set(model_of.values()) | set(model_of)
+    unknown = [m for m in wanted if m not in served]
+    if unknown:
+        raise AnsibleFilterError(f"{where}: models: {', '.join(unknown)} not served here (lab_models serves: "
+                                 f"{', '.join(sorted(set(model_of.values())))})")
+    allowed = {model_of.get(m, m) for m in wanted}
+    reached = [n for n in names if model_of.get(n) in allowed]
+    if not reached:
+        raise AnsibleFilterError(f"{where}: class {key['class']} has no name of {', '.join(wanted)} (its names: {', '.join(names)})")
+    return reached
+
+
+def labctl_model_classes(models: list[dict[str, Any]], one_model: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """litellm_model_classes' default: ``one_model`` (the served name and its -batch) without
+    lab_models; with it (lab_topology.models), per model and served name its interactive name at
+    priority 0 and, when it has the batch class, <name>-batch at 10, each naming its model (the
+    gateway routes a name to that model's replicas only)."""
+    if not models:
+        return list(one_model)
+    classes: list[dict[str, Any]] = []
+    for model in models:
+        for name in model["served_names"]:
+            if "interactive" in model["classes"]:
+                classes.append({"name": name, "priority": 0, "key_class": "interactive", "model": model["name"]})
+            if "batch" in model["classes"]:
+                classes.append({"name": f"{name}-batch", "priority": 10, "key_class": "batch", "model": model["name"]})
+    return classes
 
 
 def labctl_new_key_problem(new: dict[str, Any], keys: list[dict[str, Any]]) -> str:
@@ -97,7 +141,8 @@ def _virtual_key_settings(record: dict[str, Any], classes: list[dict[str, Any]],
     """What a live store record decides of its virtual key: the models of its class, the model API's
     routes only, its limits (max_parallel: the record's or the gateway's default)."""
     doc = labctl_app_keys_doc([record], classes)
-    settings: dict[str, Any] = {"models": doc["classes"][record["class"]], "allowed_routes": list(routes),
+    reached = next(iter(doc["keys"].values()), {}).get("models") or doc["classes"][record["class"]]
+    settings: dict[str, Any] = {"models": reached, "allowed_routes": list(routes),
                                 "max_parallel_requests": record.get("max_parallel") or int(max_parallel)}
     for limit in ("rpm", "tpm"):
         if record.get(limit) is not None:
@@ -159,4 +204,5 @@ class FilterModule:
             "labctl_virtual_key_request": labctl_virtual_key_request,
             "labctl_virtual_key_updates": labctl_virtual_key_updates,
             "labctl_class_floors": labctl_class_floors,
+            "labctl_model_classes": labctl_model_classes,
         }

@@ -33,13 +33,15 @@ def labctl_preflight_bundle_models(manifest: dict[str, Any]) -> list[str]:
     return [f"{name} {revision}" for name, revision in sorted(found)]
 
 
-def labctl_preflight_model_problems(manifest: dict[str, Any], name: str, revision: str, bundle: str) -> list[str]:
-    """A problem when the bundle has no file of models/<name>/<revision>/."""
+def labctl_preflight_model_problems(manifest: dict[str, Any], name: str, revision: str, bundle: str,
+                                    source: str = "lab_model_name, lab_model_revision") -> list[str]:
+    """A problem when the bundle has no file of models/<name>/<revision>/ (``source``: the variables
+    that asked for it)."""
     if not name or _model_files(manifest, name, revision):
         return []
     carried = ", ".join(labctl_preflight_bundle_models(manifest)) or "no model at all"
     return [
-        (f"the bundle {bundle} has no model {name} revision {revision} (lab_model_name, lab_model_revision):"
+        (f"the bundle {bundle} has no model {name} revision {revision} ({source}):"
         f" it carries {carried}; rebuild the bundle with this model (profile section models:) or serve one it carries")
     ]
 

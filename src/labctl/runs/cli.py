@@ -38,6 +38,8 @@ Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="ansib
 JsonOut = Annotated[bool, typer.Option("--json", help="JSON lines on stdout instead of a display.")]
 Playbook = Annotated[Path, typer.Option("--playbook", help="Playbook to run, relative to the repository (default site.yml).")]
 KeepDays = Annotated[float, typer.Option("--keep-days", help="Delete run records older than this.")]
+ModelFilter = Annotated[str | None, typer.Option(
+    "--model", "-m", help="Several models (lab_models): only this model's replicas (its name or a public name).")]
 
 
 def state_dir() -> Path:
@@ -174,6 +176,7 @@ def show(run_id: Annotated[str, typer.Argument(help="A run id (or a unique part 
 def rolling_restart(
     inventory: Inventory,
     replica: Annotated[list[int] | None, typer.Option("--replica", "-r", help="Only this replica index (repeatable).")] = None,
+    model: ModelFilter = None,
     limit: Limit = None,
     extra_vars: ExtraVars = None,
     vault_password_file: VaultFile = None,
@@ -186,6 +189,8 @@ def rolling_restart(
     request = build_request("rolling-restart", inventory, Path("playbooks/rolling-restart.yml"), limit, None, False, False,
                        extra_vars, json_output, keep_days, vault_password_file, verbose)
     request.extra_vars["labctl_restart_replicas"] = list(replica or [])
+    if model:
+        request.extra_vars["labctl_restart_model"] = model
     _execute_and_exit(request)
 
 
@@ -224,11 +229,14 @@ def smoke_results(events: Path) -> list[dict[str, Any]]:
 def smoke(
     inventory: Inventory,
     limit: Limit = None,
+    model: ModelFilter = None,
     json_output: JsonOut = False,
 ) -> None:
     """One request to every replica and through every gateway, one Prometheus query: a
     pass/fail table. Exit 0 when every check passes, 1 otherwise."""
     request = build_request("smoke", inventory, Path("playbooks/smoke.yml"), limit, None, False, False, None, True, 30)
+    if model:
+        request.extra_vars["labctl_smoke_model"] = model
     request.record_hosts = False
     request.json_output = True
     code, record = execute_quiet(request)

@@ -6,7 +6,8 @@ for any other). This hook accepts:
   - Prometheus's bearer token (LABCTL_METRICS_KEY, litellm.env), on /metrics/ only;
   - the application keys of KEYS_FILE (labctl_auth.yaml): the sha256 of each key that is not revoked
     (`labctl keys add`; the key itself never reaches this host), its class, limits and expiry.
-An application key reaches the model API only, and only its class's public model names: the
+An application key reaches the model API only, and only its class's public model names (of the
+models its record lists, when it lists some: several models, lab_models): the
 class is its priority (labctl_admission.py). Its rpm/tpm limits and its max_parallel (by default
 DEFAULT_MAX_PARALLEL: one key never holds every admission slot) go to LiteLLM's rate limiter
 (429 with Retry-After, counted in Redis across workers), its name to /metrics (api_key_alias;
@@ -42,8 +43,8 @@ METRICS_KEY = os.environ.get("LABCTL_METRICS_KEY", "")
 # Requests one application key may have in flight when its record sets none (litellm_app_key_max_parallel_share).
 DEFAULT_MAX_PARALLEL = int(_SETTINGS["default_max_parallel"])
 # The model API: what an application key may call (with or without /v1).
-_MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/models", "/model/info")
-_BODY_ROUTES = ("/chat/completions", "/completions", "/responses")
+_MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/embeddings", "/models", "/model/info")
+_BODY_ROUTES = ("/chat/completions", "/completions", "/responses", "/embeddings")
 _log = logging.getLogger("labctl_auth")
 
 
@@ -143,7 +144,8 @@ async def user_api_key_auth(request: Request, api_key: str) -> UserAPIKeyAuth:
         raise HTTPException(status_code=401, detail=f"API key {name} expired at {expires}")
     if route not in _MODEL_ROUTES:
         raise HTTPException(status_code=403, detail=f"API key {name} reaches the model API only, not {route}")
-    models = classes.get(entry["class"], [])
+    # Several models: a key that lists models reaches its class's names of those models only.
+    models = entry.get("models") or classes.get(entry["class"], [])
     if route in _BODY_ROUTES:
         model = await _requested_model(request)
         if model not in models:
