@@ -80,6 +80,11 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def _check_models(models: list[str] | None) -> None:
+    if models is not None and (not models or not all(MODEL.match(m) for m in models)):
+        raise KeyRefused(f"--model {models}: model names (letters, digits, '.', '_', '-')")
+
+
 def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
@@ -178,8 +183,7 @@ class KeyStore:
         for label, value in (("--rpm", rpm), ("--tpm", tpm), ("--max-parallel", max_parallel)):
             if value is not None and value < 1:
                 raise KeyRefused(f"{label} {value}: a limit is a positive number (leave it out for none)")
-        if models is not None and (not models or not all(MODEL.match(m) for m in models)):
-            raise KeyRefused(f"--model {models}: model names (letters, digits, '.', '_', '-')")
+        _check_models(models)
         keys = self.load()
         if any(k.name == name and k.status(now) != "revoked" for k in keys):
             raise KeyRefused(f"key {name} exists (revoke it first, or pick another name)")
@@ -189,6 +193,20 @@ class KeyStore:
                         models=list(models) if models else None)
         self.save([*keys, record])
         return record, key
+
+    @_under_lock
+    def set_models(self, name: str, models: list[str] | None) -> AppKey:
+        """The models a live key may use (None: every model of its class); the key itself stays."""
+        _check_models(models)
+        keys = self.load()
+        live = [k for k in keys if k.name == name and not k.revoked]
+        if not live:
+            known = sorted({k.name for k in keys if not k.revoked})
+            raise KeyRefused(f"no key named {name} that is not revoked" + (f" (keys: {', '.join(known)})" if known else ""))
+        for record in live:
+            record.models = list(models) if models else None
+        self.save(keys)
+        return live[0]
 
     @_under_lock
     def revoke(self, name: str, now: datetime | None = None) -> AppKey:

@@ -109,6 +109,28 @@ def add(
     raise typer.Exit(_push(inventory, False, (record.name, key) if database_mode else None))
 
 
+@keys_app.command("models")
+def models(
+    name: Annotated[str, typer.Argument(help="The key's name.")],
+    inventory: runs_cli.Inventory,
+    model: Annotated[list[str] | None, typer.Option(
+        "--model", help="A model it may use (repeat for more); none: every model of its class.")] = None,
+    no_push: NoPush = False,
+) -> None:
+    """Change the models a key may use (several models, lab_models): the application keeps its key,
+    the gateway applies the change from the next request (moving keys to a new model)."""
+    store = KeyStore(locate(inventory)[0])
+    try:
+        record = store.set_models(name, model)
+    except KeyRefused as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(f"key {name} now reaches {', '.join(record.models) if record.models else 'every model of its class'}", err=True)
+    if no_push:
+        typer.echo("not sent: run labctl keys push -i INVENTORY to make it work", err=True)
+        return
+    raise typer.Exit(_push(inventory, False))
+
+
 @keys_app.command("revoke")
 def revoke(
     name: Annotated[str, typer.Argument(help="The key's name.")],

@@ -355,3 +355,60 @@ def test_preflight_accepts_every_field_the_store_writes() -> None:
                     max_parallel=1, expires="2027-01-01T00:00:00+00:00", revoked="2026-12-05T00:00:00+00:00").record()
     assert set(record) <= set(options), set(record) - set(options)
     assert {f.name for f in dataclasses.fields(AppKey)} - {"key_class"} <= set(options)
+
+
+# --- several models (Issue 32) ----------------------------------------------------------------------
+
+MODEL_CLASSES = [
+    {"name": "chat", "priority": 0, "key_class": "interactive", "model": "chat-model"},
+    {"name": "chat-batch", "priority": 10, "key_class": "batch", "model": "chat-model"},
+    {"name": "embed", "priority": 0, "key_class": "interactive", "model": "embed-model"},
+]
+
+
+def test_a_key_limited_to_models_reaches_its_class_names_of_those_only() -> None:
+    doc = labctl_app_keys_doc([_record("rag", models=["embed-model"]), _record("both", models=["chat", "embed"]),
+                               _record("night", "batch", models=["chat-model"]), _record("any")], MODEL_CLASSES)
+    assert doc["classes"] == {"interactive": ["chat", "embed"], "batch": ["chat-batch"]}
+    by_name = {entry["name"]: entry for entry in doc["keys"].values()}
+    # a model's name or one of its served names; the key's class still decides which of its names
+    assert by_name["rag"]["models"] == ["embed"] and by_name["both"]["models"] == ["chat", "embed"]
+    assert by_name["night"]["models"] == ["chat-batch"]
+    assert "models" not in by_name["any"]
+
+
+@pytest.mark.parametrize(("record", "classes", "message"), [
+    (_record(models=["nope"]), MODEL_CLASSES, "key app: models: nope not served here .lab_models serves: chat-model, embed-model."),
+    (_record("b", "batch", models=["embed-model"]), MODEL_CLASSES, "key b: class batch has no name of embed-model"),
+    (_record(models=["m"]), CLASSES, "key app: models .'m'.: the lab serves one model"),
+    (_record(models="chat"), MODEL_CLASSES, "key app: models must be a list"),
+])
+def test_a_bad_model_list_is_refused_naming_the_key(record: dict[str, Any], classes: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(AnsibleFilterError, match=message):
+        labctl_app_keys_doc([record], classes)
+
+
+def test_the_hook_holds_a_limited_key_to_its_models_on_every_body_route(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module, keys_file = _hook(tmp_path, monkeypatch)
+    keys_file.write_text(json.dumps(labctl_app_keys_doc([_record("rag", models=["embed-model"]), _record("any")], MODEL_CLASSES)))
+    assert _call(module, "rag", path="/v1/embeddings", model="embed").models == ["embed"]
+    assert _status(module, "rag", path="/v1/chat/completions", model="chat") == 403
+    assert _status(module, "rag", path="/v1/embeddings", model="chat") == 403
+    assert _status(module, "rag", path="/v1/completions", model="chat-batch") == 403
+    assert _status(module, "any", path="/v1/embeddings", model="embed") == 200
+    assert _status(module, "any", path="/v1/chat/completions", model="chat") == 200
+
+
+def test_a_keys_models_change_and_the_key_stays(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "app-keys.json")
+    record, key = store.add("rag", "interactive", models=["old-embed"], now=NOW)
+    assert record.record()["models"] == ["old-embed"]
+    moved = store.set_models("rag", ["new-embed"])
+    (again,) = store.load()
+    assert moved.models == again.models == ["new-embed"] and again.sha256 == hash_key(key)
+    store.set_models("rag", None)
+    assert "models" not in store.load()[0].record()
+    with pytest.raises(KeyRefused, match="no key named nobody"):
+        store.set_models("nobody", ["x"])
+    with pytest.raises(KeyRefused, match="--model"):
+        store.set_models("rag", ["bad name"])

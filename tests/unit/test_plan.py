@@ -353,3 +353,30 @@ def test_preflight_refuses_what_labctl_plan_says_cannot_start() -> None:
     # A setting the host gives wins over the role default, as in the vllm role.
     (line,) = _refusals_filter()(h200, "gpt-oss-120b", {"vllm_gpu_memory_utilization": "0.46"})
     assert "KV cache holds 46,155 tokens" in line and "lower vllm_max_model_len to 46,155" in line
+
+
+LAB_MODELS_SITE = """\
+lab_model_name: gpt-oss-120b
+lab_models:
+  - {id: 0, name: gpt-oss-120b, revision: r1, classes: [interactive, batch], gpu_memory_utilization: 0.8}
+  - {id: 1, name: bge-small, revision: r1, kind: embed, gpus: 1, gpu_memory_utilization: 0.15}
+"""
+
+
+def test_cli_shows_each_gpus_shares_of_several_models_and_filters_by_model(tmp_path: Path) -> None:
+    """Issue 32: labctl plan proves the shares on a GPU fit, and --model lists one model's replicas."""
+    inv = _inventory(tmp_path, "          lab_expected_gpu_count: 2\n", site=LAB_MODELS_SITE)
+    plain = _plan("-i", str(inv), "--facts", str(H200X2))
+    assert plain.exit_code == 0, plain.output
+    assert "GPU 0: 0.80 gpt-oss-120b (vllm@0, port 8000) + 0.15 bge-small (vllm@100, port 8100) = 0.95 of 1.00" in plain.output
+    assert "GPU 1: 0.80 gpt-oss-120b (vllm@1, port 8001) = 0.80 of 1.00" in plain.output
+    placement = _json("-i", str(inv), "--facts", str(H200X2), "--model", "bge-small")["hosts"][0]["placement"]
+    assert [(r["model"], r["index"], r["gpus"]) for r in placement["replicas"]] == [("bge-small", 100, "0")]
+    assert placement["gpu_shares"] == {"0": 0.95, "1": 0.8}
+    unknown = _plan("-i", str(inv), "--facts", str(H200X2), "--model", "nope")
+    assert unknown.exit_code == 2 and "--model nope: lab_models places no replica of it here" in unknown.output
+    beyond = _inventory(tmp_path / "b", "          lab_expected_gpu_count: 2\n",
+                        site=LAB_MODELS_SITE.replace("gpus: 1, gpu_memory_utilization: 0.15", "gpus: [1], gpu_memory_utilization: 0.3")
+                        .replace("gpu_memory_utilization: 0.8}", "gpus: [0, 1], gpu_memory_utilization: 0.8}"))
+    refused = _plan("-i", str(beyond), "--facts", str(H200X2))
+    assert refused.exit_code == 2 and "lab_models[1] (bge-small): gpus: GPU 1 of gpu01 has 0.20 of its memory left" in refused.output

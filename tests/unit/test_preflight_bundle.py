@@ -82,6 +82,20 @@ def test_model_bytes_count_only_the_served_revision_and_what_is_not_staged_yet()
     assert bundle.labctl_preflight_model_bytes(MANIFEST, "absent", "r1", []) == 0
 
 
+def test_several_models_add_up_what_each_still_lacks() -> None:
+    """lab_models: every model this host serves, each counted against its own staged files."""
+    both = {"files": [*MANIFEST["files"], {"path": "models/tiny-embed/r1/model.safetensors", "size": 700}]}
+    served = [{"name": "tiny-llama", "revision": "r1"}, {"name": "tiny-embed", "revision": "r1"}]
+    assert bundle.labctl_preflight_models_bytes(both, served, []) == 5120 + 700
+    staged = ["tiny-llama/r1/SHA256SUMS 100", "tiny-llama/r1/model.safetensors 5000", "tiny-llama/r1/sub/config.json 20"]
+    assert bundle.labctl_preflight_models_bytes(both, served, staged) == 700
+    # A file of the same name staged under another model does not count for this one.
+    assert bundle.labctl_preflight_models_bytes(both, served, [*staged, "tiny-llama/r1/model.safetensors 700"]) == 700
+    assert bundle.labctl_preflight_models_bytes(both, served[:1], staged) == 0
+    (problem,) = bundle.labctl_preflight_model_problems(both, "tiny-embed", "r2", "/b", "lab_models")
+    assert problem.startswith("the bundle /b has no model tiny-embed revision r2 (lab_models): it carries")
+
+
 def test_typo_that_misses_every_prefix_is_named_with_the_declared_variable() -> None:
     known = ["vllm_replicas", "litellm_port", "lab_model_root"]
     prefixes = ["lab_", "vllm_", "litellm_"]

@@ -5,8 +5,10 @@ lab_models, used through the gateway with the openai SDK, and removed again.
 One test, in order, since each step starts from the last: converting the one-model lab to lab_models
 and adding the embedding model restarts no chat replica (their PIDs stay) and the run after changes
 nothing; the gateway serves chat.completions and embeddings; a key limited to the embedding model gets
-403 on the chat model; Prometheus labels every replica with its model and a dashboard query answers per
-model; removing the model again stops its replica and leaves the chat replicas running."""
+403 on the chat model, and moved to the chat model keeps its key; labctl smoke and rolling-restart
+--model touch that model's replicas only; Prometheus labels every replica with its model and a
+dashboard query answers per model; removing the model again stops its replica and leaves the chat
+replicas running."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 
 import yaml
-from test_stack import APP_KEYS_MADE, LABCTL_STATE, REPO, _py, _site  # same directory
+from test_stack import APP_KEYS_MADE, LABCTL_STATE, REPO, _py, _report, _site, _traffic  # same directory
 
 # The scenario's inventory links molecule/stack/group_vars/: lab_models is set for the test's runs (site.yml
 # and labctl keys alike) by a file there, removed at the end whatever happens.
@@ -78,6 +80,12 @@ def _prom(host, expr: str) -> list[dict]:
     return json.loads(_py(host, code))["data"]["result"]
 
 
+def _labctl(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, LABCTL_STATE_DIR=str(LABCTL_STATE))
+    return subprocess.run(["labctl", *args, "-i", os.environ["MOLECULE_INVENTORY_FILE"]], capture_output=True, text=True,
+                          timeout=1200, check=False, cwd=REPO, env=env)
+
+
 def _keys(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, LABCTL_STATE_DIR=str(LABCTL_STATE))
     return subprocess.run(["nice", "-n", "-10", "labctl", "keys", *args, "-i", os.environ["MOLECULE_INVENTORY_FILE"]],
@@ -100,8 +108,14 @@ def test_an_embedding_model_beside_the_chat_model_added_used_and_removed(host):
     MODELS_FILE.write_text("# Written by molecule/stack/tests/test_stack_models.py for its runs; removed after.\n"
                            + yaml.safe_dump({"lab_models": LAB_MODELS}, sort_keys=False))
     try:
-        added = _site(*flags)
+        # Under the chat model's traffic: what its clients feel while the model is added (the gateway
+        # restarts once for its new model list; the chat replicas do not).
+        with _traffic(host, "models-add") as traffic:
+            added = _site(*flags)
+        _report(models_add_traffic={"requests_ok": traffic["ok"], "streamed_ok": traffic["ok_streamed"],
+                                    "requests_failed": len(traffic["failed"]), "polls_with_no_replica_up": traffic["both_down"]})
         assert added.returncode == 0, added.stdout[-4000:] + added.stderr[-2000:]
+        assert traffic["both_down"] == 0 and traffic["ok"] > 0
         # No chat replica restarted: converting to lab_models and adding a model leave their files as they were.
         assert _pids(host) == before
         assert host.service("vllm@100").is_running and host.service("vllm@100").is_enabled
@@ -125,7 +139,28 @@ def test_an_embedding_model_beside_the_chat_model_added_used_and_removed(host):
             handle.write(key + "\n")
         limited = _sdk(host, key)
         assert limited["embed"]["status"] == 200 and limited["chat"]["status"] == 403, limited
+        # Moved to the chat model (labctl keys models): the same key, the other model.
+        moved = _keys("models", "retrieval", "--model", CHAT)
+        assert moved.returncode == 0, moved.stdout[-2000:] + moved.stderr[-2000:]
+        limited = _sdk(host, key)
+        assert limited["chat"]["status"] == 200 and limited["embed"]["status"] == 403, limited
         assert _keys("revoke", "retrieval").returncode == 0
+
+        # labctl smoke and rolling-restart take a model: the embedding replica is asked for an embedding,
+        # and restarted alone (the chat replicas keep their PIDs).
+        smoke = _labctl("smoke", "--model", EMBED, "--json")
+        assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-2000:]
+        checks = json.loads(smoke.stdout.strip().splitlines()[-1])["checks"]
+        seen = {(c["check"], str(c["ok"]).lower()) for c in checks if c["check"] != "prometheus"}
+        assert seen == {("replica vllm@100", "true"), ("gateway", "true")}, checks
+        embed_pid = host.check_output("systemctl show -p MainPID --value vllm@100")
+        restarted = _labctl("rolling-restart", "--model", EMBED, "--json")
+        assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-2000:]
+        assert host.check_output("systemctl show -p MainPID --value vllm@100") != embed_pid
+        assert _pids(host) == before
+        unknown = _labctl("rolling-restart", "--model", "nope", "--json")
+        assert unknown.returncode != 0
+        assert "--model nope: no such model here (the lab serves: tiny-embed, tiny-llama)" in unknown.stdout + unknown.stderr
 
         # Prometheus: every replica target carries its model; the dashboard's per-model query answers for both.
         deadline = time.time() + 90

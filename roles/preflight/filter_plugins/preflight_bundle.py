@@ -74,6 +74,17 @@ def labctl_preflight_model_bytes(manifest: dict[str, Any], name: str, revision: 
     return sum(int(f.get("size", 0)) for f in _model_files(manifest, name, revision) if f"{f['path'][prefix:]} {f.get('size')}" not in have)
 
 
+def labctl_preflight_models_bytes(manifest: dict[str, Any], models: list[dict[str, Any]], present: list[str]) -> int:
+    """labctl_preflight_model_bytes summed over ``models`` (name, revision), ``present`` holding
+    '<name>/<revision>/<relative path> <size>' lines for the files already staged."""
+    total = 0
+    for model in models:
+        prefix = f"{model['name']}/{model['revision']}/"
+        mine = [line.strip()[len(prefix):] for line in present if line.strip().startswith(prefix)]
+        total += labctl_preflight_model_bytes(manifest, str(model["name"]), str(model["revision"]), mine)
+    return total
+
+
 _NAME = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 # Ansible's own and the magic variables are nobody's typo.
 _NOT_OURS = ("ansible_", "inventory_", "playbook_", "group_", "role_", "molecule_", "omit")
@@ -132,6 +143,7 @@ class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_preflight_bundle_models": labctl_preflight_bundle_models,
+            "labctl_preflight_models_bytes": labctl_preflight_models_bytes,
             "labctl_preflight_model_problems": labctl_preflight_model_problems,
             "labctl_preflight_tiktoken_problems": labctl_preflight_tiktoken_problems,
             "labctl_preflight_model_bytes": labctl_preflight_model_bytes,
