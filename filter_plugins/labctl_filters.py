@@ -42,12 +42,12 @@ def labctl_topology(groups: Any, hostvars: Any, gpu_source: str = "facts", bundl
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def labctl_of_model(items: Any, model: Any, strict: bool = True) -> list[dict[str, Any]]:
+def labctl_of_model(given: Any, model: Any, strict: bool = True) -> list[dict[str, Any]]:
     """The replicas (lab_topology.replicas) or models (lab_topology.models) of one model, by its name
     or one of its public names; all of them when ``model`` is empty (labctl smoke and rolling-restart's
     --model). With ``strict`` (the lab's whole list) a name nothing carries is refused, naming what
     there is; a host's replicas (not strict) may hold none of that model."""
-    items = [dict(i) for i in items or []]
+    items: list[dict[str, Any]] = [dict(i) for i in given or []]
     wanted = str(model or "")
     if not wanted:
         return items

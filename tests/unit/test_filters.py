@@ -89,3 +89,24 @@ def test_what_is_left_of_a_release_moves_where_the_repository_carries_the_new_on
     choice = nvidia.labctl_release_choice(offered, "580.105.08-1")
     assert choice == {"install": ["nvidia-modprobe=580.105.08-1"],
                       "missing": ["nvidia-kernel-source-575-open", "nvidia-firmware-575-575.57.08"]}
+
+
+def test_of_model_picks_one_models_replicas_or_models_by_any_of_its_names() -> None:
+    """labctl smoke / rolling-restart --model (Issue 32)."""
+    import pytest
+    from ansible.errors import AnsibleFilterError
+
+    labctl_of_model = _load("filter_plugins", "labctl_filters.py").labctl_of_model
+
+    replicas = [{"index": 0, "model": "chat", "public_names": ["chat", "chat-v2"]},
+                {"index": 100, "model": "embed", "public_names": ["embed"]}]
+    one = [{"index": 0, "public_name": "gpt-oss-120b"}]
+    assert labctl_of_model(replicas, "") == replicas
+    assert [r["index"] for r in labctl_of_model(replicas, "chat-v2")] == [0]
+    assert [r["index"] for r in labctl_of_model(replicas, "embed")] == [100]
+    assert labctl_of_model(one, "gpt-oss-120b") == one
+    assert labctl_of_model(replicas[:1], "embed", strict=False) == []
+    with pytest.raises(AnsibleFilterError, match=r"--model nope: no such model here \(the lab serves: chat, chat-v2, embed\)"):
+        labctl_of_model(replicas, "nope")
+    models = [{"name": "chat", "served_names": ["chat"], "kind": "generate"}, {"name": "embed", "served_names": ["e"], "kind": "embed"}]
+    assert labctl_of_model(models, "e") == models[1:]

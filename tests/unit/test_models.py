@@ -141,8 +141,8 @@ def test_a_model_beyond_the_gpus_memory_is_refused_by_the_topology_naming_the_gp
     out = lab_topology(groups, {"gpu1": {"lab_models": [{**CHAT, "gpus": [0, 1]}, {**EMBED, "gpus": [1], "gpu_memory_utilization": 0.3}]}},
                        facts)
     assert out["problems"] == [
-        "gpu1: lab_models[1] (bge-small): gpus: GPU 1 of gpu1 has 0.20 of its memory left beside gpt-oss-120b (0.80), not "
-        "the 0.30 gpu_memory_utilization asks for (the shares on one GPU add up to at most 1.0)"]
+        ("gpu1: lab_models[1] (bge-small): gpus: GPU 1 of gpu1 has 0.20 of its memory left beside gpt-oss-120b (0.80), not "
+         "the 0.30 gpu_memory_utilization asks for (the shares on one GPU add up to at most 1.0)")]
     # A model that asks for every GPU left takes those with room: the chat model on GPU 0 only, named in the plan.
     fewer = lab_topology(groups, {"gpu1": {"lab_models": [CHAT, {**EMBED, "gpus": [1], "gpu_memory_utilization": 0.3}]}}, facts)
     assert [(r["model"], r["gpus"]) for r in fewer["replicas"]] == [("gpt-oss-120b", "0"), ("bge-small", "1")]

@@ -141,7 +141,8 @@ def _virtual_key_settings(record: dict[str, Any], classes: list[dict[str, Any]],
     """What a live store record decides of its virtual key: the models of its class, the model API's
     routes only, its limits (max_parallel: the record's or the gateway's default)."""
     doc = labctl_app_keys_doc([record], classes)
-    reached = next(iter(doc["keys"].values()), {}).get("models") or doc["classes"][record["class"]]
+    entry: dict[str, Any] = next(iter(doc["keys"].values()), {})
+    reached = entry.get("models") or doc["classes"][record["class"]]
     settings: dict[str, Any] = {"models": reached, "allowed_routes": list(routes),
                                 "max_parallel_requests": record.get("max_parallel") or int(max_parallel)}
     for limit in ("rpm", "tpm"):
