@@ -380,3 +380,25 @@ def test_cli_shows_each_gpus_shares_of_several_models_and_filters_by_model(tmp_p
                         .replace("gpu_memory_utilization: 0.8}", "gpus: [0, 1], gpu_memory_utilization: 0.8}"))
     refused = _plan("-i", str(beyond), "--facts", str(H200X2))
     assert refused.exit_code == 2 and "lab_models[1] (bge-small): gpus: GPU 1 of gpu01 has 0.20 of its memory left" in refused.output
+
+
+def test_preflight_plans_each_model_of_lab_models_in_its_own_share() -> None:
+    """Issue 32: a model with a memory profile is planned on its own GPUs with its own share; 0.46 of an
+    H200 leaves gpt-oss-120b's replica less KV cache than one max-len sequence, named after the model."""
+    from labctl.topology import lab_topology
+
+    h200 = [{"name": "NVIDIA H200", "memory_total_mib": 143771}] * 2
+    groups = {"lab": ["g"], "gpu_hosts": ["g"], "gateway_hosts": ["g"], "monitoring_hosts": ["g"]}
+    facts = {"g": {"default_ipv4": {"address": "10.0.0.1"}, "gpu_count": 2}}
+
+    def refusals(entries: list[dict[str, Any]]) -> list[str]:
+        replicas = lab_topology(groups, {"g": {"lab_models": entries}}, facts)["replicas"]
+        return list(_refusals_filter()(h200, "gpt-oss-120b", {}, replicas))
+
+    chat = {"id": 0, "name": "gpt-oss-120b", "revision": "r1", "gpus": [0, 1]}
+    embed = {"id": 1, "name": "bge-small", "revision": "r1", "kind": "embed", "gpus": [0], "gpu_memory_utilization": 0.1}
+    assert refusals([{**chat, "gpu_memory_utilization": 0.8}, embed]) == []
+    (line,) = refusals([{**chat, "gpu_memory_utilization": 0.46}, embed])
+    assert line.startswith("gpt-oss-120b (lab_models): replicas 0, 1: KV cache holds 46,155 tokens"), line
+    # The model's own max-model-len flag is what it is held to.
+    assert refusals([{**chat, "gpu_memory_utilization": 0.46, "flags": {"max-model-len": 32768}}, embed]) == []
