@@ -65,9 +65,10 @@ def _resign(root: Path, manifest: dict[str, Any]) -> None:
 
 
 def _without_model(root: Path) -> None:
+    """No model at all (the test bundle also carries tiny-embed, for the two-model test)."""
     manifest = _manifest(root)
-    shutil.rmtree(root / MODEL)
-    manifest["files"] = [f for f in manifest["files"] if not f["path"].startswith(MODEL + "/")]
+    shutil.rmtree(root / "models")
+    manifest["files"] = [f for f in manifest["files"] if not f["path"].startswith("models/")]
     manifest["components"]["models"] = []
     _resign(root, manifest)
 
