@@ -176,10 +176,11 @@ def test_an_embedding_model_beside_the_chat_model_added_used_and_removed(host):
         assert per_model == {CHAT: 2.0, EMBED: 1.0}
         assert _prom(host, f'vllm:num_requests_running{{job="vllm", model="{EMBED}"}}')
     finally:
+        # Removed again (also when a step above failed: the later tests find the one-model lab).
         MODELS_FILE.unlink(missing_ok=True)
+        removed = _site(*flags)
 
-    # Removed again: its replica stops, the chat replicas keep running, the gateway no longer serves it.
-    removed = _site(*flags)
+    # Its replica stops, the chat replicas keep running, the gateway no longer serves it.
     assert removed.returncode == 0, removed.stdout[-4000:] + removed.stderr[-2000:]
     assert _pids(host) == before
     assert not host.service("vllm@100").is_running and not host.service("vllm@100").is_enabled
