@@ -32,13 +32,14 @@ def _flags(tls: bool | None) -> dict[str, Any]:
     env.filters["comment"] = lambda text: "\n".join(f"# {line}" for line in str(text).splitlines())
     env.filters["to_json"] = json.dumps
     env.filters["bool"] = bool
+    env.filters["combine"] = lambda first, second: {**first, **second}  # ansible's, for two flat dicts
     replica: dict[str, Any] = {"index": 0, "served_model_name": "m-gpu1-0", "public_name": "m", "address": "10.89.77.11",
                                "port": 8000, "tensor_parallel_size": 1, "max_num_seqs": 16}
     if tls is not None:
         replica["tls"] = tls
     text = env.from_string((ROLE / "templates" / "etc" / "labctl" / "vllm" / "replica.yaml.j2").read_text()).render(
         ansible_managed="Ansible managed", __vllm_replica=replica, vllm_model_path="/srv/models/m/current",
-        vllm_max_model_len=512, vllm_max_num_batched_tokens=2048, vllm_scheduling_policy="priority",
+        vllm_model_root="/srv/models", vllm_max_model_len=512, vllm_max_num_batched_tokens=2048, vllm_scheduling_policy="priority",
         vllm_enable_prefix_caching=True, vllm_flavor="cuda", vllm_gpu_memory_utilization=0.8, vllm_extra_config={},
         vllm_tool_call_parser="", vllm_tls_dir=DEFAULTS["vllm_tls_dir"], __vllm_tls_cert_sha1=CERT_SHA1)
     flags: dict[str, Any] = yaml.safe_load(text)
@@ -96,6 +97,7 @@ def _prometheus_config(tmp_path: Path, scrape: list[dict[str, Any]]) -> str:
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True)
     env.filters["comment"] = lambda text: "\n".join(f"# {line}" for line in str(text).splitlines())
     env.filters["bool"] = bool
+    env.filters["to_json"] = json.dumps
     ca = tmp_path / "ca.crt"
     ca.write_text("")
     return env.from_string((REPO / "roles" / "prometheus" / "templates" / "prometheus.yml.j2").read_text()).render(
@@ -110,12 +112,14 @@ def test_prometheus_scrapes_https_replicas_with_the_lab_ca(tmp_path: Path) -> No
     """The topology's scrape targets say each replica's scheme: an https one gets __scheme__ and the
     job the CA (promtool, the distribution's, reads the file as Prometheus would); a job of loopback
     replicas stays as it was."""
-    remote = [{"host": "gpu1", "replica": "0", "target": "10.89.77.11:8000", "scheme": "https"},
-              {"host": "gpu1", "replica": "1", "target": "10.89.77.11:8001", "scheme": "https"}]
+    # `model`: what the role's first task adds to each target (the replica's public name; Issue 32).
+    remote = [{"host": "gpu1", "replica": "0", "target": "10.89.77.11:8000", "scheme": "https", "model": "gpt-oss-120b"},
+              {"host": "gpu1", "replica": "100", "target": "10.89.77.11:8100", "scheme": "https", "model": "bge-small"}]
     text = _prometheus_config(tmp_path, remote)
     job = next(j for j in yaml.safe_load(text)["scrape_configs"] if j["job_name"] == "vllm")
     assert job["tls_config"] == {"ca_file": str(tmp_path / "ca.crt")}
     assert [c["labels"]["__scheme__"] for c in job["static_configs"]] == ["https", "https"]
+    assert [c["labels"]["model"] for c in job["static_configs"]] == ["gpt-oss-120b", "bge-small"]
     local = _prometheus_config(tmp_path, [{"host": "gw", "replica": "0", "target": "127.0.0.1:8000", "scheme": "http"}])
     loopback_job = next(j for j in yaml.safe_load(local)["scrape_configs"] if j["job_name"] == "vllm")
     assert "tls_config" not in loopback_job and "__scheme__" not in local

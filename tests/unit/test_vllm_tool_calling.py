@@ -132,10 +132,11 @@ def _flags(parser: str) -> dict[str, Any]:
     env.filters["comment"] = lambda text: "\n".join(f"# {line}" for line in str(text).splitlines())
     env.filters["to_json"] = json.dumps
     env.filters["bool"] = bool
+    env.filters["combine"] = lambda first, second: {**first, **second}  # ansible's, for two flat dicts
     replica = {"index": 0, "served_model_name": "m-h-0", "public_name": "m", "address": "127.0.0.1", "port": 8000,
                "tensor_parallel_size": 1, "max_num_seqs": 16}
     text = env.from_string((ROLE / "templates" / "etc" / "labctl" / "vllm" / "replica.yaml.j2").read_text()).render(
-        ansible_managed="Ansible managed", __vllm_replica=replica, vllm_model_path="/srv/models/m/current",
+        ansible_managed="Ansible managed", __vllm_replica=replica, vllm_model_path="/srv/models/m/current", vllm_model_root="/srv/models",
         vllm_max_model_len=512, vllm_max_num_batched_tokens=2048, vllm_scheduling_policy="priority",
         vllm_enable_prefix_caching=True, vllm_flavor="cuda", vllm_gpu_memory_utilization=0.8, vllm_extra_config={},
         vllm_tool_call_parser=parser)
