@@ -92,10 +92,12 @@ SETTING_VARIABLES = frozenset({v for role, project, _ in SETTINGS.values() for v
 # Several models side by side (Issue 32): checked and placed by labctl.models, refused until the
 # roles serve them.
 MODELS = "lab_models"
+# The application keys (only checked): a key limited to models the list does not serve (any, without it).
+APP_KEYS = "lab_app_keys"
 INPUT_VARIABLES = sorted(
     {v for role, project, _ in SETTINGS.values() for v in (role, project) if v}
     | set(SERVED_NAME)
-    | {EXPECTED_GPUS, "ansible_host", MODELS}
+    | {EXPECTED_GPUS, "ansible_host", MODELS, APP_KEYS}
     | set(topology_checks.INPUT_VARIABLES)
 )
 # The facts it reads (labctl_gpu_facts and the setup module's).
@@ -345,6 +347,8 @@ def lab_topology(
     replicas: list[dict[str, Any]] = []
     listed, models_problems = _lab_models(everyone, hosts, bundle_models)
     problems += models_problems
+    if not models_problems:
+        problems += _key_models_problems(gateways, hosts, listed)
 
     for host in everyone:
         given = hosts.get(host) or {}
@@ -449,6 +453,32 @@ def _lab_models(everyone: list[str], hosts: Mapping[str, Mapping[str, Any]],
         return models.parse(value, bundle_models), []
     except models.ModelsError as exc:
         return None, [f"{first_host}: {exc}"]
+
+
+def _key_models_problems(gateways: list[str], hosts: Mapping[str, Mapping[str, Any]],
+                         listed: list[dict[str, Any]] | None) -> list[str]:
+    """A live application key limited to models (`labctl keys add --model`) that the lab does not serve:
+    found before anything changes (a model removed from lab_models while keys still name it), with the
+    way out. Once per gateway host's store."""
+    served = {name for m in listed or [] for name in [m["name"], *m["served_names"]]}
+    found: list[str] = []
+    for host in gateways:
+        keys = (hosts.get(host) or {}).get(APP_KEYS)
+        for key in keys if isinstance(keys, list) else []:
+            wanted = key.get("models") if isinstance(key, Mapping) and not key.get("revoked") else None
+            if not isinstance(wanted, list) or not wanted:
+                continue
+            name = key.get("name")
+            if listed is None:
+                found.append(f"{host}: {APP_KEYS}: key {name} is limited to models {', '.join(map(str, wanted))}, but {MODELS} is "
+                             f"not set: `labctl keys models {name}` (no --model) gives it every model of its class, or revoke it")
+                continue
+            gone = [str(m) for m in wanted if m not in served]
+            if gone:
+                found.append(f"{host}: {APP_KEYS}: key {name} is limited to {', '.join(gone)}, which {MODELS} does not serve "
+                             f"(it serves: {', '.join(sorted({m['name'] for m in listed}))}): move it first with "
+                             f"`labctl keys models {name} --model <model>`, or revoke it")
+    return found
 
 
 def _settings(given: Mapping[str, Any], host: str, roles: list[str], groups: Mapping[str, Any]) -> dict[str, Any]:

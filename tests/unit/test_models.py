@@ -146,3 +146,22 @@ def test_a_model_beyond_the_gpus_memory_is_refused_by_the_topology_naming_the_gp
     # A model that asks for every GPU left takes those with room: the chat model on GPU 0 only, named in the plan.
     fewer = lab_topology(groups, {"gpu1": {"lab_models": [CHAT, {**EMBED, "gpus": [1], "gpu_memory_utilization": 0.3}]}}, facts)
     assert [(r["model"], r["gpus"]) for r in fewer["replicas"]] == [("gpt-oss-120b", "0"), ("bge-small", "1")]
+
+
+def test_a_key_limited_to_a_model_the_lab_does_not_serve_stops_the_run_first() -> None:
+    """Removing a model while keys still name it is found by the topology (preflight reports it)
+    before any replica is stopped; a revoked key or one without models is no problem."""
+    from labctl.topology import lab_topology
+
+    groups = {"lab": ["gpu1"], "gpu_hosts": ["gpu1"], "gateway_hosts": ["gpu1"], "monitoring_hosts": ["gpu1"]}
+    facts = {"gpu1": {"default_ipv4": {"address": "10.0.0.11"}, "gpu_count": 2}}
+    keys = [{"name": "rag", "class": "interactive", "models": ["bge-small"]},
+            {"name": "old", "class": "interactive", "models": ["gone"], "revoked": "2026-12-01T00:00:00+00:00"},
+            {"name": "any", "class": "batch"}]
+    assert lab_topology(groups, {"gpu1": {"lab_models": [CHAT, EMBED], "lab_app_keys": keys}}, facts)["problems"] == []
+    without = lab_topology(groups, {"gpu1": {"lab_models": [CHAT], "lab_app_keys": keys}}, facts)["problems"]
+    assert without == ["gpu1: lab_app_keys: key rag is limited to bge-small, which lab_models does not serve (it serves: "
+                       "gpt-oss-120b): move it first with `labctl keys models rag --model <model>`, or revoke it"]
+    one = lab_topology(groups, {"gpu1": {"lab_model_name": "gpt-oss-120b", "lab_app_keys": keys}}, facts)["problems"]
+    assert one == ["gpu1: lab_app_keys: key rag is limited to models bge-small, but lab_models is not set: "
+                   "`labctl keys models rag` (no --model) gives it every model of its class, or revoke it"]

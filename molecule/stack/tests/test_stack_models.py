@@ -144,6 +144,14 @@ def test_an_embedding_model_beside_the_chat_model_added_used_and_removed(host):
         assert moved.returncode == 0, moved.stdout[-2000:] + moved.stderr[-2000:]
         limited = _sdk(host, key)
         assert limited["chat"]["status"] == 200 and limited["embed"]["status"] == 403, limited
+        # Back on the embedding model: removing the model now would leave it limited to nothing, which the
+        # topology refuses before anything changes, naming the key.
+        assert _keys("models", "retrieval", "--model", EMBED).returncode == 0
+        MODELS_FILE.write_text(yaml.safe_dump({"lab_models": LAB_MODELS[:1]}, sort_keys=False))
+        refused = _site(*flags)
+        assert refused.returncode != 0 and "key retrieval is limited to tiny-embed, which lab_models does not serve" in refused.stdout
+        assert _pids(host) == before and host.service("vllm@100").is_running
+        MODELS_FILE.write_text(yaml.safe_dump({"lab_models": LAB_MODELS}, sort_keys=False))
         assert _keys("revoke", "retrieval").returncode == 0
 
         # labctl smoke and rolling-restart take a model: the embedding replica is asked for an embedding,
@@ -176,7 +184,10 @@ def test_an_embedding_model_beside_the_chat_model_added_used_and_removed(host):
         assert per_model == {CHAT: 2.0, EMBED: 1.0}
         assert _prom(host, f'vllm:num_requests_running{{job="vllm", model="{EMBED}"}}')
     finally:
-        # Removed again (also when a step above failed: the later tests find the one-model lab).
+        # Removed again (also when a step above failed: the later tests find the one-model lab). A key
+        # still limited to the model would stop the run (the topology's problem, before anything changes).
+        if "retrieval" in _keys("list", "--json").stdout:
+            _keys("revoke", "retrieval")
         MODELS_FILE.unlink(missing_ok=True)
         removed = _site(*flags)
 
