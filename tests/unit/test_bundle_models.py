@@ -204,9 +204,12 @@ def test_missing_path_names_field_and_command(inputs: Inputs, key_dir: Path, cac
 
 
 def test_test_profile_points_at_the_generator() -> None:
-    (model,) = load_profile("test").spec.models
+    # The chat model, and the embedding model beside it (Issue 32: other weights, the same generator).
+    model, embed = load_profile("test").spec.models
     assert (model.name, model.revision, model.path) == ("tiny-llama", "r1", "../build/models/tiny-llama/r1")
     assert model.create_with == "python3 scripts/make-tiny-model.py build/models/tiny-llama/r1"
+    assert (embed.name, embed.revision, embed.path) == ("tiny-embed", "r1", "../build/models/tiny-embed/r1")
+    assert embed.create_with == "python3 scripts/make-tiny-model.py build/models/tiny-embed/r1 --seed 3"
 
 
 def test_snapshot_own_sha256sums_refused(inputs: Inputs, key_dir: Path, cache_dir: Path, tmp_path: Path) -> None:
