@@ -80,6 +80,15 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def _live(keys: list[AppKey], name: str) -> list[AppKey]:
+    """The records of ``name`` that are not revoked; refused, naming the live keys, when there is none."""
+    live = [k for k in keys if k.name == name and not k.revoked]
+    if not live:
+        known = sorted({k.name for k in keys if not k.revoked})
+        raise KeyRefused(f"no key named {name} that is not revoked" + (f" (keys: {', '.join(known)})" if known else ""))
+    return live
+
+
 def _check_models(models: list[str] | None) -> None:
     if models is not None and (not models or not all(MODEL.match(m) for m in models)):
         raise KeyRefused(f"--model {models}: model names (letters, digits, '.', '_', '-')")
@@ -199,10 +208,7 @@ class KeyStore:
         """The models a live key may use (None: every model of its class); the key itself stays."""
         _check_models(models)
         keys = self.load()
-        live = [k for k in keys if k.name == name and not k.revoked]
-        if not live:
-            known = sorted({k.name for k in keys if not k.revoked})
-            raise KeyRefused(f"no key named {name} that is not revoked" + (f" (keys: {', '.join(known)})" if known else ""))
+        live = _live(keys, name)
         for record in live:
             record.models = list(models) if models else None
         self.save(keys)
@@ -212,10 +218,7 @@ class KeyStore:
     def revoke(self, name: str, now: datetime | None = None) -> AppKey:
         now = now or datetime.now(UTC)
         keys = self.load()
-        live = [k for k in keys if k.name == name and not k.revoked]
-        if not live:
-            known = sorted({k.name for k in keys if not k.revoked})
-            raise KeyRefused(f"no key named {name} that is not revoked" + (f" (keys: {', '.join(known)})" if known else ""))
+        live = _live(keys, name)
         for record in live:
             record.revoked = now.isoformat()
         self.save(keys)

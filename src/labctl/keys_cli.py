@@ -124,11 +124,8 @@ def models(
         record = store.set_models(name, model)
     except KeyRefused as exc:
         raise _fail(str(exc)) from exc
-    typer.echo(f"key {name} now reaches {', '.join(record.models) if record.models else 'every model of its class'}", err=True)
-    if no_push:
-        typer.echo("not sent: run labctl keys push -i INVENTORY to make it work", err=True)
-        return
-    raise typer.Exit(_push(inventory, False))
+    reached = ", ".join(record.models) if record.models else "every model of its class"
+    _then_push(inventory, no_push, f"key {name} now reaches {reached}", "not sent: run labctl keys push -i INVENTORY to make it work")
 
 
 @keys_app.command("revoke")
@@ -143,9 +140,14 @@ def revoke(
         store.revoke(name)
     except KeyRefused as exc:
         raise _fail(str(exc)) from exc
-    typer.echo(f"key {name} revoked in {store.path}", err=True)
+    _then_push(inventory, no_push, f"key {name} revoked in {store.path}", "not sent: it still works until labctl keys push -i INVENTORY")
+
+
+def _then_push(inventory: Path, no_push: bool, done: str, not_sent: str) -> None:
+    """Say what changed in the store, then send it to the gateways (exits with the push's status)."""
+    typer.echo(done, err=True)
     if no_push:
-        typer.echo("not sent: it still works until labctl keys push -i INVENTORY", err=True)
+        typer.echo(not_sent, err=True)
         return
     raise typer.Exit(_push(inventory, False))
 

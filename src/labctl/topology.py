@@ -557,22 +557,27 @@ def _plan_host(entry: dict[str, Any], host: str, given: Mapping[str, Any], hf: M
         raise TopologyError(f"{replicas_var}={wanted} x {tp_var}={tp} needs {wanted * tp} GPUs, but the host has {count} ({count_from})")
     if base + asked - 1 > 65535:
         raise TopologyError(f"{base_var}={base}: the replicas' ports run past 65535")
-    listen, _ = setting(given, "vllm_listen_address")
-    if not listen:
-        listen = "127.0.0.1" if gateways == [host] else address
-    if not listen:
-        raise TopologyError("no address to listen on: set vllm_listen_address (this host has no default IPv4 route)")
+    listen, tls = _replica_listen(given, gateways, host, address)
     cpus = int(hf.get("processor_vcpus") or hf.get("processor_count") or 0) if flavor == "cpu" else 0
     public = served_name(given)
-    # Beyond loopback the gateway's requests (and the replicas' key) cross the network: HTTPS with
-    # the lab's certificates (roles/tls), which the gateway and Prometheus verify.
-    tls = _flag(given, "replica_tls") and not is_loopback(str(listen))
     plan = replica_plan(count, tp, wanted, base, public, host, cpus, str(listen), tls)
     numa_binding(plan, hf, count)
     for r in plan:
         r.update(host=host, max_num_seqs=seqs, public_name=public, tensor_parallel_size=tp)
     replicas.extend(plan)
     entry["replicas"] = [r["index"] for r in plan]
+
+
+def _replica_listen(given: Mapping[str, Any], gateways: list[str], host: str, address: str) -> tuple[str, bool]:
+    """Where a host's replicas listen (loopback when the gateway is the host itself) and whether they
+    serve HTTPS: beyond loopback the gateway's requests (and the replicas' key) cross the network, with
+    the lab's certificates (roles/tls), which the gateway and Prometheus verify."""
+    listen, _ = setting(given, "vllm_listen_address")
+    if not listen:
+        listen = "127.0.0.1" if gateways == [host] else address
+    if not listen:
+        raise TopologyError("no address to listen on: set vllm_listen_address (this host has no default IPv4 route)")
+    return str(listen), _flag(given, "replica_tls") and not is_loopback(str(listen))
 
 
 def _plan_models(entry: dict[str, Any], host: str, given: Mapping[str, Any], hf: Mapping[str, Any], gpu_source: str,
@@ -595,12 +600,7 @@ def _plan_models(entry: dict[str, Any], host: str, given: Mapping[str, Any], hf:
     plan = models.place(listed, host, count, base, nodes)
     if plan and base + max(r["index"] for r in plan) > 65535:
         raise TopologyError(f"{base_var}={base}: the replicas' ports run past 65535")
-    listen, _ = setting(given, "vllm_listen_address")
-    if not listen:
-        listen = "127.0.0.1" if gateways == [host] else address
-    if not listen:
-        raise TopologyError("no address to listen on: set vllm_listen_address (this host has no default IPv4 route)")
-    tls = _flag(given, "replica_tls") and not is_loopback(str(listen))
+    listen, tls = _replica_listen(given, gateways, host, address)
     netloc = f"[{listen}]" if ":" in str(listen) else str(listen)
     cores = _gpu_cores(count, int(hf.get("processor_vcpus") or hf.get("processor_count") or 0) if flavor == "cpu" else 0)
     by_id = {m["id"]: m for m in listed}
