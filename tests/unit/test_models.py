@@ -160,8 +160,8 @@ def test_a_key_limited_to_a_model_the_lab_does_not_serve_stops_the_run_first() -
             {"name": "any", "class": "batch"}]
     assert lab_topology(groups, {"gpu1": {"lab_models": [CHAT, EMBED], "lab_app_keys": keys}}, facts)["problems"] == []
     without = lab_topology(groups, {"gpu1": {"lab_models": [CHAT], "lab_app_keys": keys}}, facts)["problems"]
-    assert without == ["gpu1: lab_app_keys: key rag is limited to bge-small, which lab_models does not serve (it serves: "
-                       "gpt-oss-120b): move it first with `labctl keys models rag --model <model>`, or revoke it"]
+    assert without == [("gpu1: lab_app_keys: key rag is limited to bge-small, which lab_models does not serve (it serves: "
+                        "gpt-oss-120b): move it first with `labctl keys models rag --model <model>`, or revoke it")]
     one = lab_topology(groups, {"gpu1": {"lab_model_name": "gpt-oss-120b", "lab_app_keys": keys}}, facts)["problems"]
-    assert one == ["gpu1: lab_app_keys: key rag is limited to models bge-small, but lab_models is not set: "
-                   "`labctl keys models rag` (no --model) gives it every model of its class, or revoke it"]
+    assert one == [("gpu1: lab_app_keys: key rag is limited to models bge-small, but lab_models is not set: "
+                    "`labctl keys models rag` (no --model) gives it every model of its class, or revoke it")]
