@@ -3,12 +3,14 @@ architecture with other weights, vLLM's pooling runner) is added beside the chat
 lab_models, used through the gateway with the openai SDK, and removed again.
 
 One test, in order, since each step starts from the last: converting the one-model lab to lab_models
-and adding the embedding model restarts no chat replica (their PIDs stay) and the run after changes
-nothing; the gateway serves chat.completions and embeddings; a key limited to the embedding model gets
-403 on the chat model, and moved to the chat model keeps its key; labctl smoke and rolling-restart
+and adding the embedding model restarts no chat replica (their PIDs stay) and not the gateway
+(reloaded: no request of the chat traffic fails), and the run after changes nothing; the gateway
+serves chat.completions and embeddings; a key limited to the embedding model gets 403 on the chat
+model, and moved to the chat model keeps its key; removing a model a key still names is refused
+before anything changes, and `labctl keys` still works then; labctl smoke and rolling-restart
 --model touch that model's replicas only; Prometheus labels every replica with its model and a
 dashboard query answers per model; removing the model again stops its replica and leaves the chat
-replicas running."""
+replicas and the gateway running."""
 
 from __future__ import annotations
 
@@ -108,14 +110,17 @@ def test_an_embedding_model_beside_the_chat_model_added_used_and_removed(host):
     MODELS_FILE.write_text("# Written by molecule/stack/tests/test_stack_models.py for its runs; removed after.\n"
                            + yaml.safe_dump({"lab_models": LAB_MODELS}, sort_keys=False))
     try:
-        # Under the chat model's traffic: what its clients feel while the model is added (the gateway
-        # restarts once for its new model list; the chat replicas do not).
+        # Under the chat model's traffic, no request fails while the model is added: the chat replicas keep
+        # running and the gateway is reloaded (its workers replaced one at a time), not restarted.
+        gateway = host.check_output("systemctl show -p MainPID --value litellm.service")
         with _traffic(host, "models-add") as traffic:
             added = _site(*flags)
         _report(models_add_traffic={"requests_ok": traffic["ok"], "streamed_ok": traffic["ok_streamed"],
                                     "requests_failed": len(traffic["failed"]), "polls_with_no_replica_up": traffic["both_down"]})
         assert added.returncode == 0, added.stdout[-4000:] + added.stderr[-2000:]
-        assert traffic["both_down"] == 0 and traffic["ok"] > 0
+        assert "RUNNING HANDLER [litellm : Reload litellm (its workers replaced one at a time)]" in added.stdout
+        assert host.check_output("systemctl show -p MainPID --value litellm.service") == gateway
+        assert traffic["failed"] == [] and traffic["both_down"] == 0 and traffic["ok"] > 20, traffic["failed"][:5]
         # No chat replica restarted: converting to lab_models and adding a model leave their files as they were.
         assert _pids(host) == before
         assert host.service("vllm@100").is_running and host.service("vllm@100").is_enabled
@@ -145,11 +150,14 @@ def test_an_embedding_model_beside_the_chat_model_added_used_and_removed(host):
         limited = _sdk(host, key)
         assert limited["chat"]["status"] == 200 and limited["embed"]["status"] == 403, limited
         # Back on the embedding model: removing the model now would leave it limited to nothing, which the
-        # topology refuses before anything changes, naming the key.
+        # topology refuses before anything changes, naming the key; `labctl keys` still works then (the way out).
         assert _keys("models", "retrieval", "--model", EMBED).returncode == 0
         MODELS_FILE.write_text(yaml.safe_dump({"lab_models": LAB_MODELS[:1]}, sort_keys=False))
+        listed = _keys("list", "--json")
+        assert listed.returncode == 0 and "retrieval" in listed.stdout, listed.stdout[-2000:] + listed.stderr[-2000:]
         refused = _site(*flags)
-        assert refused.returncode != 0 and "key retrieval is limited to tiny-embed, which lab_models does not serve" in refused.stdout
+        assert refused.returncode != 0
+        assert "key retrieval is limited to tiny-embed, which lab_models does not serve" in refused.stdout + refused.stderr
         assert _pids(host) == before and host.service("vllm@100").is_running
         MODELS_FILE.write_text(yaml.safe_dump({"lab_models": LAB_MODELS}, sort_keys=False))
         assert _keys("revoke", "retrieval").returncode == 0
@@ -186,13 +194,13 @@ def test_an_embedding_model_beside_the_chat_model_added_used_and_removed(host):
     finally:
         # Removed again (also when a step above failed: the later tests find the one-model lab). A key
         # still limited to the model would stop the run (the topology's problem, before anything changes).
-        if "retrieval" in _keys("list", "--json").stdout:
-            _keys("revoke", "retrieval")
+        _keys("revoke", "retrieval")  # refused (exit 2) when it was never made or is revoked already
         MODELS_FILE.unlink(missing_ok=True)
         removed = _site(*flags)
 
-    # Its replica stops, the chat replicas keep running, the gateway no longer serves it.
+    # Its replica stops, the chat replicas keep running, the gateway (reloaded, not restarted) no longer serves it.
     assert removed.returncode == 0, removed.stdout[-4000:] + removed.stderr[-2000:]
+    assert host.check_output("systemctl show -p MainPID --value litellm.service") == gateway
     assert _pids(host) == before
     assert not host.service("vllm@100").is_running and not host.service("vllm@100").is_enabled
     gone = _sdk(host, "master")
