@@ -169,14 +169,16 @@ def test_an_embedding_model_beside_the_chat_model_added_used_and_removed(host):
         checks = json.loads(smoke.stdout.strip().splitlines()[-1])["checks"]
         seen = {(c["check"], str(c["ok"]).lower()) for c in checks if c["check"] != "prometheus"}
         assert seen == {("replica vllm@100", "true"), ("gateway", "true")}, checks
+        # A model the lab does not serve is refused, naming those it does (first: the run record of the
+        # successful restart below is then the command's last, which ProvisioningRunFailed reads).
+        unknown = _labctl("rolling-restart", "--model", "nope", "--json")
+        assert unknown.returncode != 0
+        assert "--model nope: no such model here (the lab serves: tiny-embed, tiny-llama)" in unknown.stdout + unknown.stderr
         embed_pid = host.check_output("systemctl show -p MainPID --value vllm@100")
         restarted = _labctl("rolling-restart", "--model", EMBED, "--json")
         assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-2000:]
         assert host.check_output("systemctl show -p MainPID --value vllm@100") != embed_pid
         assert _pids(host) == before
-        unknown = _labctl("rolling-restart", "--model", "nope", "--json")
-        assert unknown.returncode != 0
-        assert "--model nope: no such model here (the lab serves: tiny-embed, tiny-llama)" in unknown.stdout + unknown.stderr
 
         # Prometheus: every replica target carries its model; the dashboard's per-model query answers for both.
         deadline = time.time() + 90
