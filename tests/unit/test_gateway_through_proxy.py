@@ -81,6 +81,13 @@ def _probe(gw: Gateway, key: str, path: str, model: str | None, extra: dict[str,
     return status, received, text[:300]
 
 
+RUNTIME_FAULT = "bad argument to internal function"
+
+
+def _log_tail(gw: Gateway, lines: int = 60) -> str:
+    return "\n".join(gw.log.read_text(errors="replace").splitlines()[-lines:]) if gw.log.exists() else "(no log)"
+
+
 def _check(gw: Gateway, key: str, priority: int,
            probes: Sequence[tuple[str, str, str | None, dict[str, Any], str, bool]]) -> None:
     """Each probe (name, path, body model, extra fields, query, stream) is refused (400/401/403/404,
@@ -88,12 +95,18 @@ def _check(gw: Gateway, key: str, priority: int,
     escaped = []
     for name, path, model, extra, query, stream in probes:
         status, received, text = _probe(gw, key, path, model, extra, query, stream)
+        if status == 500 and not received and RUNTIME_FAULT in text:
+            # Once in many runs (CI, stop 37) the proxy's Python answered one request with a SystemError of
+            # the interpreter itself (gcmodule.c: an object allocated with a negative size, inside a C
+            # extension), before anything reached the replica. Not a way round the guard: the same probe
+            # is sent again and judged; a guard that fails on this input fails again.
+            status, received, text = _probe(gw, key, path, model, extra, query, stream)
         refused = status in (400, 401, 403, 404) and not received
         served = status == 200 and received and all(p == priority for p in received)
         if not (refused or served):
             escaped.append(f"{name}: neither refused nor served at its class: HTTP {status}, the replica received "
                            f"priorities {received} (class {priority}): {text}")
-    assert not escaped, "\n".join(escaped)
+    assert not escaped, "\n".join(escaped) + "\n--- the gateway's log, last lines:\n" + _log_tail(gw)
 
 
 def test_each_class_is_served_at_its_priority(gateway: Gateway, keys: dict[str, str]) -> None:
