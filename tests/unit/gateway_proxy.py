@@ -183,7 +183,9 @@ def running_gateway(root: Path, variables: dict[str, Any], replica_tls: tuple[st
     (rundir / "prometheus").mkdir()
     log = rundir / "litellm.log"
     tls = None if replica_tls is None else (replica_tls[1], replica_tls[2])
-    with replica(served.pop(), VLLM_KEY, replica_port, address, tls) as (_, recorder):
+    # lab_models of one embedding model: the replica answers /v1/embeddings only, as vLLM's pooling runner does.
+    kind = "embed" if any(m.get("kind") == "embed" for m in variables.get("lab_models") or []) else "generate"
+    with replica(served.pop(), VLLM_KEY, replica_port, address, tls, kind) as (_, recorder):
         proc = subprocess.Popen(
             [str(venv / "bin" / "litellm"), "--config", str(rundir / "config.yaml"), "--host", "127.0.0.1",
              "--port", str(proxy_port), "--num_workers", "1"],

@@ -11,7 +11,12 @@ what the tests read:
     0` (pydantic's lax int: an int, a float without a fraction or a string of digits; anything
     else is a 400), the shapes of ChatCompletionResponse, ChatCompletionStreamResponse,
     CompletionResponse and ResponsesResponse (which echoes the request's `metadata`,
-    serving.py: `metadata=request.metadata`).
+    serving.py: `metadata=request.metadata`);
+  - launchers/api_server/routers.py: the generation routes exist only for a model that generates
+    (`runner: generate`), /v1/embeddings only for an embedding model (`runner: pooling`, `convert:
+    embed`; pooling/factories.py), else FastAPI's 404 {"detail": "Not Found"}; the embedding
+    replica (``kind="embed"``) answers EmbeddingResponse (pooling/embed/protocol.py), whose request
+    has the same `priority: int = 0` (pooling/base/protocol.py).
 A user message or prompt holding "hold=<seconds>" is answered that much later (a request that
 keeps its slot)."""
 
@@ -65,8 +70,12 @@ class Recorder:
             return [r for r in self.requests if marker in json.dumps(r["body"])]
 
 
+_ROUTES = {"generate": ("/v1/chat/completions", "/v1/completions", "/v1/responses"), "embed": ("/v1/embeddings",)}
+
+
 class _Replica(JSONHandler):
     served: str = ""
+    kind: str = "generate"
     api_key: str = ""
     recorder: Recorder
 
@@ -97,7 +106,7 @@ class _Replica(JSONHandler):
         if path.startswith("/v1") and not authorized:
             self._answer(401, {"error": "Unauthorized"})
             return
-        if path not in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        if path not in _ROUTES[self.kind]:
             self._answer(404, {"detail": "Not Found"})
             return
         if body.get("model") != self.served:
@@ -111,7 +120,12 @@ class _Replica(JSONHandler):
         hold = _HOLD.search(json.dumps(body))
         if hold:
             time.sleep(float(hold.group(1)))
-        if path == "/v1/responses":
+        if path == "/v1/embeddings":
+            count = len(body["input"]) if isinstance(body.get("input"), list) else 1
+            self._answer(200, {"id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": self.served,
+                               "data": [{"index": i, "object": "embedding", "embedding": [0.5, -0.5]} for i in range(count)],
+                               "usage": {"prompt_tokens": 3, "total_tokens": 3, "completion_tokens": 0}})
+        elif path == "/v1/responses":
             self._answer(200, self._response(body))
         elif body.get("stream"):
             self._stream(path, body)
@@ -182,11 +196,11 @@ class _TLSServer(ThreadingHTTPServer):
 
 @contextmanager
 def replica(served: str, api_key: str, port: int = 0, address: str = "127.0.0.1",
-            tls: tuple[Path, Path] | None = None) -> Iterator[tuple[int, Recorder]]:
-    """A recording replica on ``address`` (``port`` 0: any free one), over HTTPS with ``tls``
-    (certificate and key files): yields its port and what it received."""
+            tls: tuple[Path, Path] | None = None, kind: str = "generate") -> Iterator[tuple[int, Recorder]]:
+    """A recording replica of a model of ``kind`` (generate or embed) on ``address`` (``port`` 0: any
+    free one), over HTTPS with ``tls`` (certificate and key files): yields its port and what it received."""
     recorder = Recorder()
-    handler = type("Replica", (_Replica,), {"served": served, "api_key": api_key, "recorder": recorder})
+    handler = type("Replica", (_Replica,), {"served": served, "kind": kind, "api_key": api_key, "recorder": recorder})
     server: ThreadingHTTPServer
     if tls is None:
         server = ThreadingHTTPServer((address, port), handler)

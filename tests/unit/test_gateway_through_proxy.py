@@ -60,6 +60,8 @@ def keys(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 def _text(marker: str, path: str) -> dict[str, Any]:
     """The request's text field for ``path``, holding ``marker``."""
+    if "embeddings" in path:
+        return {"input": f"say ok {marker}"}
     if "responses" in path:
         return {"input": f"say ok {marker}", "max_output_tokens": 4}
     if path.endswith("/completions") and "chat" not in path:
