@@ -64,6 +64,14 @@ def labctl_of_model(given: Any, model: Any, strict: bool = True) -> list[dict[st
     return chosen
 
 
+def labctl_host_models(topology: Any, host: str) -> list[dict[str, Any]]:
+    """The entries of lab_topology.models that ``host`` runs a replica of (what the artifacts layer
+    stages there and preflight checks the bundle and the disk for); [] without lab_models."""
+    topology = topology or {}
+    here = {str(r.get("model")) for r in topology.get("replicas") or [] if r.get("host") == host}
+    return [dict(m) for m in topology.get("models") or [] if str(m.get("name")) in here]
+
+
 def labctl_each(items: Any, var: str, contents: Any = None, **entry: Any) -> list[dict[str, Any]]:
     """labctl_template's files entries, one per item (what a loop over labctl_template would write, in
     one task): each gets the item as the template variable `var`, and `dest` and `src` are formatted
@@ -109,5 +117,6 @@ class FilterModule:
             "labctl_topology": labctl_topology,
             "labctl_each": labctl_each,
             "labctl_of_model": labctl_of_model,
+            "labctl_host_models": labctl_host_models,
             "labctl_getent": labctl_getent,
         }

@@ -110,3 +110,15 @@ def test_of_model_picks_one_models_replicas_or_models_by_any_of_its_names() -> N
         labctl_of_model(replicas, "nope")
     models = [{"name": "chat", "served_names": ["chat"], "kind": "generate"}, {"name": "embed", "served_names": ["e"], "kind": "embed"}]
     assert labctl_of_model(models, "e") == models[1:]
+
+
+def test_host_models_are_the_models_a_host_runs_a_replica_of() -> None:
+    """What the artifacts layer stages on a host and preflight checks for it (Issue 32)."""
+    labctl_host_models = _load("filter_plugins", "labctl_filters.py").labctl_host_models
+
+    topology = {"models": [{"name": "chat", "revision": "r1"}, {"name": "embed", "revision": "r2"}],
+                "replicas": [{"host": "gpu1", "model": "chat"}, {"host": "gpu1", "model": "chat"}, {"host": "gpu2", "model": "embed"}]}
+    assert labctl_host_models(topology, "gpu1") == [{"name": "chat", "revision": "r1"}]
+    assert labctl_host_models(topology, "gpu2") == [{"name": "embed", "revision": "r2"}]
+    assert labctl_host_models(topology, "gateway") == []
+    assert labctl_host_models({"replicas": [{"host": "gpu1", "index": 0}]}, "gpu1") == []  # one model: no lab_models
