@@ -84,6 +84,20 @@ def test_no_other_name_reaches_the_embedding_model(gateway: Gateway, keys: dict[
     _check(gateway, keys["retrieval"], INTERACTIVE, probes)
 
 
+def test_a_generation_request_for_the_embedding_model_gets_no_answer(gateway: Gateway, keys: dict[str, str]) -> None:
+    """Chat, completions and responses for the embedding model: its replica has none of those routes
+    (vLLM's pooling runner) and answers 404, which the client gets; nothing it sends sets the priority.
+    Those six 404s leave the replica in service: LiteLLM's default cools a deployment down after three
+    failures of a type its policy does not name, which took the model away for everyone until
+    litellm_allowed_fails_policy named NotFoundError."""
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        for key, extra in ((keys["retrieval"], {}), (MASTER, {"priority": -9})):
+            status, received, text = _probe(gateway, key, path, EMBED, extra)
+            assert status == 404 and received == [INTERACTIVE], (path, extra, status, received, text)
+    status, received, text = _probe(gateway, keys["retrieval"], "/v1/embeddings", EMBED, {})
+    assert (status, received) == (200, [INTERACTIVE]), text
+
+
 def test_the_master_keys_embeddings_carry_the_class_priority(gateway: Gateway) -> None:
     probes = [(f"master {name}", "/v1/embeddings", EMBED, extra, "", False) for name, extra in PRIORITY_FIELDS if "-9.5" not in name]
     _check(gateway, MASTER, INTERACTIVE, probes)

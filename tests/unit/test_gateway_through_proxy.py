@@ -197,6 +197,22 @@ def test_a_client_cannot_set_or_remove_the_priority(gateway: Gateway, keys: dict
            [("interactive key, extra_body priority 10", "/v1/chat/completions", inter, {"extra_body": {"priority": 10}}, "", False)])
 
 
+def test_an_embedding_request_for_the_chat_model_gets_no_embedding(gateway: Gateway, keys: dict[str, str]) -> None:
+    """/v1/embeddings is a model route (lab_models' embedding models): for a model that generates, the
+    replica has no such route (vLLM 0.32 registers its kind's only) and answers 404, which the client
+    gets; what reached it carried the class's priority, whatever the key and its fields. Many such
+    404s in a minute leave the replica in service (no cooldown: litellm_allowed_fails_policy)."""
+    inter, batch = gateway.model_of(INTERACTIVE), gateway.model_of(BATCH)
+    for key, model, priority, extra in ((keys["notebook"], inter, INTERACTIVE, {}), (keys["nightly"], batch, BATCH, {}),
+                                        (MASTER, batch, BATCH, {"priority": -9}), (MASTER, inter, INTERACTIVE, {"extra_body": {"priority": 9}})):
+        for _ in range(3):
+            status, received, text = _probe(gateway, key, "/v1/embeddings", model, extra)
+            assert status == 404 and received == [priority], (model, extra, status, received, text)
+    for key, model, priority in ((keys["notebook"], inter, INTERACTIVE), (keys["nightly"], batch, BATCH)):
+        status, received, text = _probe(gateway, key, "/v1/chat/completions", model, {})
+        assert (status, received) == (200, [priority]), text
+
+
 def test_the_gateway_decides_the_priority_for_the_master_key_too(gateway: Gateway) -> None:
     """The master key may name any model and send any field: the replica still receives the
     priority of the deployment that serves it (labctl_guard's deployment hook, every attempt)."""
