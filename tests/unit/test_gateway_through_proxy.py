@@ -203,8 +203,10 @@ def test_an_embedding_request_for_the_chat_model_gets_no_embedding(gateway: Gate
     gets; what reached it carried the class's priority, whatever the key and its fields. Many such
     404s in a minute leave the replica in service (no cooldown: litellm_allowed_fails_policy)."""
     inter, batch = gateway.model_of(INTERACTIVE), gateway.model_of(BATCH)
-    for key, model, priority, extra in ((keys["notebook"], inter, INTERACTIVE, {}), (keys["nightly"], batch, BATCH, {}),
-                                        (MASTER, batch, BATCH, {"priority": -9}), (MASTER, inter, INTERACTIVE, {"extra_body": {"priority": 9}})):
+    senders: list[tuple[str, str, int, dict[str, Any]]] = [
+        (keys["notebook"], inter, INTERACTIVE, {}), (keys["nightly"], batch, BATCH, {}),
+        (MASTER, batch, BATCH, {"priority": -9}), (MASTER, inter, INTERACTIVE, {"extra_body": {"priority": 9}})]
+    for key, model, priority, extra in senders:
         for _ in range(3):
             status, received, text = _probe(gateway, key, "/v1/embeddings", model, extra)
             assert status == 404 and received == [priority], (model, extra, status, received, text)
