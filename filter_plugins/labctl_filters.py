@@ -66,7 +66,8 @@ def labctl_of_model(given: Any, model: Any, strict: bool = True) -> list[dict[st
 
 def labctl_host_models(topology: Any, host: str) -> list[dict[str, Any]]:
     """The entries of lab_topology.models that ``host`` runs a replica of (what the artifacts layer
-    stages there and preflight checks the bundle and the disk for); [] without lab_models."""
+    stages there and preflight checks the bundle and the disk for); [] without lab_models (and
+    without a topology: playbooks/artifacts.yml run alone passes `lab_topology | default({})`)."""
     topology = topology or {}
     here = {str(r.get("model")) for r in topology.get("replicas") or [] if r.get("host") == host}
     return [dict(m) for m in topology.get("models") or [] if str(m.get("name")) in here]
