@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from labctl.gateway_config import render
+from labctl.keys import KeyStore
 
 from .recording_replica import Recorder, replica
 
@@ -146,6 +147,21 @@ def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 3
             pass
         time.sleep(0.5)
     raise RuntimeError(f"LiteLLM not ready after {timeout:.0f} s:\n{log.read_text()[-4000:]}")
+
+
+def install_keys(gw: Gateway, store_dir: Path, made: dict[str, tuple[str, dict[str, Any]]],
+                 classes: list[dict[str, Any]]) -> dict[str, str]:
+    """Application keys (name: (class, limits)) made with labctl's store and handed to the running
+    gateway as the role sends them (app-keys.json, litellm_model_classes ``classes``): name -> key."""
+    sys.path.insert(0, str(REPO / "roles" / "litellm" / "filter_plugins"))
+    from litellm_filters import labctl_app_keys_doc
+
+    store = KeyStore(store_dir / "app-keys.json")
+    keys = {name: store.add(name, key_class, **limits)[1] for name, (key_class, limits) in made.items()}
+    tmp = gw.keys_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(labctl_app_keys_doc([k.record() for k in store.load()], classes)))
+    tmp.replace(gw.keys_file)
+    return keys
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ model has no batch class), and the master key's requests carry the class's prior
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +16,7 @@ from typing import Any
 
 import pytest
 
-from labctl.keys import KeyStore
-
-from .gateway_proxy import MASTER, Gateway, running_gateway
+from .gateway_proxy import MASTER, Gateway, install_keys, running_gateway
 from .test_gateway_through_proxy import PRIORITY_FIELDS, _check, _probe
 
 EMBED = "tiny-embed"
@@ -37,18 +36,12 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 @pytest.fixture(scope="module")
 def keys(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """An interactive key (the only class an embedding model has), sent as the role sends it (app-keys.json)."""
-    import sys
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "roles" / "litellm" / "filter_plugins"))
-    from litellm_filters import labctl_app_keys_doc, labctl_model_classes
+    from litellm_filters import labctl_model_classes
 
-    store = KeyStore(tmp_path_factory.mktemp("store") / "app-keys.json")
-    made = {"retrieval": store.add("retrieval", "interactive")[1]}
     models = [{"name": EMBED, "served_names": [EMBED], "classes": ["interactive"], "kind": "embed"}]
-    tmp = gateway.keys_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(labctl_app_keys_doc([k.record() for k in store.load()], labctl_model_classes(models, []))))
-    tmp.replace(gateway.keys_file)
-    return made
+    return install_keys(gateway, tmp_path_factory.mktemp("store"), {"retrieval": ("interactive", {})},
+                        labctl_model_classes(models, []))
 
 
 def test_the_gateway_serves_the_embedding_model_as_one_interactive_class(gateway: Gateway) -> None:

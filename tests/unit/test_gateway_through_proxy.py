@@ -15,14 +15,11 @@ import json
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from labctl.keys import KeyStore
-
-from .gateway_proxy import MASTER, Gateway, running_gateway
+from .gateway_proxy import MASTER, Gateway, install_keys, running_gateway
 from .recording_replica import vllm_priority
 
 INTERACTIVE, BATCH = 0, 10
@@ -42,20 +39,10 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
 @pytest.fixture(scope="module")
 def keys(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Application keys made with labctl's store and sent as the role sends them (app-keys.json)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "roles" / "litellm" / "filter_plugins"))
-    from litellm_filters import labctl_app_keys_doc
-
-    store = KeyStore(tmp_path_factory.mktemp("store") / "app-keys.json")
-    made = {"notebook": store.add("notebook", "interactive")[1], "nightly": store.add("nightly", "batch")[1],
-            "wide": store.add("wide", "batch", max_parallel=3)[1]}
     classes = [{"name": gateway.model_of(INTERACTIVE), "priority": INTERACTIVE, "key_class": "interactive"},
                {"name": gateway.model_of(BATCH), "priority": BATCH, "key_class": "batch"}]
-    tmp = gateway.keys_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(labctl_app_keys_doc([k.record() for k in store.load()], classes)))
-    tmp.replace(gateway.keys_file)
-    return made
+    return install_keys(gateway, tmp_path_factory.mktemp("store"), {
+        "notebook": ("interactive", {}), "nightly": ("batch", {}), "wide": ("batch", {"max_parallel": 3})}, classes)
 
 
 def _text(marker: str, path: str) -> dict[str, Any]:
