@@ -9,7 +9,7 @@ ansible.builtin.systemd_service then reloads systemd (every unit file re-read) a
 0.45 s per task over SSH. This action asks the target once (labctl_unit_state: one
 `systemctl show`) whether the unit is loaded, needs no daemon reload, runs and is enabled as asked.
 If so the task is done: ok, nothing changed, no reload. In every other case, and for any argument
-beyond name, enabled, state (started) and daemon_reload, the task goes unchanged to
+beyond name, enabled, state (started), daemon_reload and no_block, the task goes unchanged to
 ansible.builtin.systemd_service, which reloads, enables, starts and reports as usual. A unit whose
 files changed since systemd loaded them reports NeedDaemonReload=yes, so a changed unit file or
 drop-in always takes the builtin's path, with its reload; so does a timer whose service's file
@@ -24,7 +24,9 @@ import typing as t
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 
-FAST_ARGS = frozenset(("name", "enabled", "state", "daemon_reload"))
+# no_block only changes how a start the unit needs is made (systemctl --no-block): a unit already running
+# needs none.
+FAST_ARGS = frozenset(("name", "enabled", "state", "daemon_reload", "no_block"))
 
 
 class ActionModule(ActionBase):

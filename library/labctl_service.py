@@ -33,6 +33,12 @@ options:
     description: Reload systemd first, when the unit is not already current (a changed unit file or drop-in).
     type: bool
     default: false
+  no_block:
+    description:
+      - Queue the start and return (C(systemctl --no-block)) instead of waiting until the unit's start job ends
+        (a unit with C(ExecStartPost=) or ordered C(After=) another unit's start). A unit already running needs no start.
+    type: bool
+    default: false
 author:
   - labctl
 """

@@ -14,6 +14,8 @@ description:
     C(NRestarts) grows), the module fails at once with the error lines of the unit's journal and
     its last lines, instead of waiting out O(timeout) (a cold start of a large model takes
     15 minutes; a typo in a flag should not).
+  - A unit that is inactive with a start job queued (systemd's C(Job); the job waits for a unit it is
+    ordered C(After=), such as the replica before it on a shared GPU) is still starting: waited for.
   - Read-only: reports C(changed=false). Standard library only.
 options:
   unit:
@@ -81,13 +83,21 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 
 
-def unit_state(unit: str) -> tuple[str, int, int]:
+def unit_state(unit: str) -> tuple[str, int, int, bool]:
+    """ActiveState, NRestarts, MainPID, and whether a job (a queued start) is pending for the unit."""
     out = subprocess.run(
-        ["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", "-p", "MainPID", unit],
+        ["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", "-p", "MainPID", "-p", "Job", unit],
         capture_output=True, text=True, check=False,
     ).stdout
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return props.get("ActiveState", "unknown"), int(props.get("NRestarts") or 0), int(props.get("MainPID") or 0)
+    return (props.get("ActiveState", "unknown"), int(props.get("NRestarts") or 0), int(props.get("MainPID") or 0),
+            bool(props.get("Job", "").strip()))
+
+
+def gave_up(state: str, queued: bool, restarts_before: int, restarts_now: int) -> bool:
+    """Whether the unit stopped trying: failed, restarted itself, or inactive with no start queued (an
+    inactive unit whose start job waits for a unit it is ordered after is still starting)."""
+    return state == "failed" or (state == "inactive" and not queued) or restarts_now > restarts_before
 
 
 def journal(unit: str) -> tuple[list[str], list[str]]:
@@ -142,11 +152,11 @@ def main() -> None:
     # https: the certificate must chain to ca_file and carry the URL's host name (or address).
     context = ssl.create_default_context(cafile=params["ca_file"]) if params["ca_file"] else None
     started = time.monotonic()
-    _, restarts, _ = unit_state(unit)
+    _, restarts, _, _ = unit_state(unit)
     last = "no answer yet"
     while time.monotonic() - started < params["timeout"]:
-        state, now_restarts, pid = unit_state(unit)
-        if state in ("failed", "inactive") or now_restarts > restarts:
+        state, now_restarts, pid, queued = unit_state(unit)
+        if gave_up(state, queued, restarts, now_restarts):
             errors, tail = journal(unit)
             module.fail_json(
                 msg=f"{unit} is {state} (it restarted itself {now_restarts - restarts} time(s)) while starting: "

@@ -18,6 +18,13 @@ description:
     install; an interrupted install is redone from a fresh virtualenv on the next run. With the mark in place the module
     changes nothing (idempotent, no pip call).
   - O(link) (optional) is pointed at the virtualenv in use, for operators.
+  - A set that carries NVIDIA's compiler as wheels (C(cuda-toolkit[nvcc,cccl]): C(nvidia-cuda-nvcc), in
+    C(site-packages/nvidia/cu<major>/)) gets that tree made usable as a C(CUDA_HOME), as part of the
+    install: FlashInfer's JIT links with C(-L$CUDA_HOME/lib64 -L$CUDA_HOME/lib64/stubs -lcudart -lcuda)
+    (flashinfer/jit/cpp_ext.py) and nvcc's own profile reads C($(TOP)/lib64), but the wheels ship only
+    C(lib/) and the versioned C(libcudart.so.<major>). So C(lib64 -> lib), C(lib/libcudart.so ->
+    libcudart.so.<major>), and C(lib/stubs/libcuda.so) -> the driver's C(libcuda.so.1) (O(driver_library);
+    the link may dangle until the GPU layer installs the driver). RV(cuda_home) names the tree.
   - Standard library only.
 options:
   lock:
@@ -39,6 +46,10 @@ options:
     description: Interpreter that creates the virtualenv.
     type: str
     default: python3
+  driver_library:
+    description: The NVIDIA driver's CUDA library the bundled toolkit's C(lib/stubs/libcuda.so) points at.
+    type: path
+    default: /usr/lib/x86_64-linux-gnu/libcuda.so.1
 author: labctl maintainers
 """
 
@@ -65,6 +76,17 @@ packages:
   description: Number of projects the lock pins.
   returned: always
   type: int
+projects:
+  description: The (normalised) names of the projects the lock pins.
+  returned: always
+  type: list
+  elements: str
+cuda_home:
+  description: >-
+    The bundled CUDA toolkit (C(<venv>/lib/pythonX.Y/site-packages/nvidia/cu<major>)) when the set carries
+    C(nvidia-cuda-nvcc); empty otherwise. In check mode before the install, where it will be.
+  returned: always
+  type: str
 """
 
 import hashlib
@@ -73,6 +95,7 @@ import shutil
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.labctl.cuda_home import DRIVER_LIBRARY, carries_compiler, make_cuda_home, toolkit_dir
 
 MARK = "labctl-lock.txt"
 
@@ -84,6 +107,12 @@ def run(module: AnsibleModule, argv: list[str], what: str) -> None:
         module.fail_json(msg=f"{what} failed (exit {proc.returncode}): " + " | ".join(tail), cmd=argv)
 
 
+def python_version(python: str) -> str:
+    proc = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          capture_output=True, text=True, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -92,6 +121,7 @@ def main() -> None:
             "root": {"type": "path", "required": True},
             "link": {"type": "path"},
             "python": {"type": "str", "default": "python3"},
+            "driver_library": {"type": "path", "default": DRIVER_LIBRARY},
         },
         supports_check_mode=True,
     )
@@ -123,6 +153,9 @@ def main() -> None:
                  "--quiet", "-r", params["lock"]],
                 f"pip install -r {params['lock']}",
             )
+            toolkit = toolkit_dir(venv, "", data.decode("utf-8"))
+            if toolkit:
+                make_cuda_home(toolkit, params["driver_library"])
             shutil.copyfile(params["lock"], mark)
     link = params.get("link")
     if link:
@@ -135,7 +168,13 @@ def main() -> None:
                 tmp = f"{link}.tmp-{os.getpid()}"
                 os.symlink(venv, tmp)
                 os.replace(tmp, link)
-    module.exit_json(changed=changed, venv=venv, lock_sha256=digest, packages=len(pins))
+    lock_text = data.decode("utf-8")
+    cuda_home = toolkit_dir(venv, "", lock_text) if installed or not module.check_mode else ""
+    if not cuda_home and carries_compiler(lock_text):
+        cuda_home = toolkit_dir(venv, python_version(params["python"]), lock_text)
+    projects = sorted({line.split("==", 1)[0].strip().lower() for line in pins})
+    module.exit_json(changed=changed, venv=venv, lock_sha256=digest, packages=len(pins), cuda_home=cuda_home,
+                     projects=projects)
 
 
 if __name__ == "__main__":

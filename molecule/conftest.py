@@ -2,10 +2,11 @@
 verify fails, save what an operator would look at before molecule destroys the containers
 (tests/forensics.py) and print where, with the first lines, into the CI log.
 
-Tests marked `extended` run only with LABCTL_TEST_EXTENDED=1 (`make test-extended`): on the 2-core
-CI machine `make test` has to end within its budget, so the slowest checks of behaviour that
-other tests already approach (a power cut, the compile cache's gain, drift through a whole
-check-mode run, ...) are skipped there, with the reason in the log."""
+Tests marked `extended` run only with LABCTL_TEST_EXTENDED=1 (`make test-extended` for the stack
+scenario, `make test-scaleout` for the scaleout scenario): on the 2-core CI machine `make test` has
+to end within its budget, so the slowest checks of behaviour that other tests already approach (a
+power cut, the compile cache's gain, drift through a whole check-mode run, security updates across
+three hosts, ...) are skipped there, with the reason in the log."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if EXTENDED:
         return
-    skip = pytest.mark.skip(reason="extended: runs in make test-extended (LABCTL_TEST_EXTENDED=1), not in make test")
+    skip = pytest.mark.skip(reason="extended: runs in make test-extended or make test-scaleout (LABCTL_TEST_EXTENDED=1), "
+                            "not in make test")
     for item in items:
         if item.get_closest_marker("extended"):
             item.add_marker(skip)

@@ -71,7 +71,10 @@ class HostReport:
                 continue
             size = self.plan.gpus[gpu].memory_mib / 1024 if gpu < len(self.plan.gpus) else 0.0
             parts = " + ".join(f"{r['gpu_memory_utilization']:.2f} {r['model']} (vllm@{r['index']}, port {r['port']})" for r in on)
-            lines.append(f"GPU {gpu}: {parts} = {used:.2f} of 1.00 ({used * size:.1f} of {size:.1f} GiB)")
+            # Beside the shares, each engine's CUDA context (labctl.models.engine_reserve_mib).
+            contexts = sum(models.engine_reserve_mib(int(r["tensor_parallel_size"])) for r in on) / 1024
+            lines.append(f"GPU {gpu}: {parts} = {used:.2f} of 1.00 ({used * size:.1f} of {size:.1f} GiB), "
+                         f"+ {len(on)} CUDA context{'s' if len(on) > 1 else ''} {contexts:.1f} GiB outside the shares")
         return lines
 
     def warnings(self) -> list[str]:
@@ -146,7 +149,8 @@ def _place(report: HostReport, host: str, hostvars: dict[str, Any], listed: Any,
     (--model) keeps that model's replicas in the listing, the shares stay every model's."""
     base, _ = host_setting(host, hostvars, topology.SETTINGS["base_port"][0], int)
     try:
-        replicas = models.place(models.parse(listed), host, gpu_count, int(base))
+        replicas = models.place(models.parse(listed), host, gpu_count, int(base),
+                                memory_mib=[g.memory_mib for g in report.plan.gpus])
     except models.ModelsError as exc:
         raise InputError(f"{host}: {exc}") from exc
     report.gpu_shares = models.memory_plan(replicas, gpu_count)

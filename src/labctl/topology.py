@@ -69,6 +69,9 @@ SETTINGS: dict[str, tuple[str, str | None, Any]] = {
     "kernel_module_managed": ("nvidia_driver_kernel_module_managed", None, True),
     "install_kernel_headers": ("nvidia_driver_install_kernel_headers", None, True),
     "secure_boot_key": ("nvidia_driver_secure_boot_key", None, ""),
+    "driver_version": ("nvidia_driver_version", None, ""),
+    # The toolkit the replicas compile with at start (CUDA_HOME); empty: the compiler of the bundle's set.
+    "cuda_home": ("vllm_cuda_home", None, ""),
     "control_node_address": ("firewall_control_node_address", None, ""),
 }
 # Drain markers of the replicas (one file per served name, holding an expiry time): the vllm role
@@ -82,8 +85,11 @@ PLAN_VARIABLES = tuple(str(name) for key in ("gpu_memory_utilization", "max_mode
 SERVED_NAME = ("vllm_served_model_name", "lab_served_model_name", "lab_model_name")
 DEFAULT_MODEL = "gpt-oss-120b"
 EXPECTED_GPUS = "lab_expected_gpu_count"
-# node_exporter_gpu_source "auto" picks DCGM exporter when the bundle carries both packages.
-DCGM_PACKAGES = ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-exporter")
+# node_exporter_gpu_source "auto" picks DCGM exporter on a GPU host whose GPUs sit on an NVSwitch
+# fabric (the gpu_nvswitch fact: HGX/DGX boards, whose NVLink, NVSwitch and fabric readings only DCGM
+# gives) when the bundle carries these packages (NVIDIA's CUDA repository: DCGM 4 for the CUDA 13
+# user-mode driver of branch 580, and its exporter); the nvidia-smi collector everywhere else.
+DCGM_PACKAGES = ("datacenter-gpu-manager-4-core", "datacenter-gpu-manager-4-cuda13", "datacenter-gpu-manager-exporter")
 
 # The variables the topology's results are computed from (the others are only checked).
 SETTING_VARIABLES = frozenset({v for role, project, _ in SETTINGS.values() for v in (role, project) if v} | set(SERVED_NAME)
@@ -101,8 +107,8 @@ INPUT_VARIABLES = sorted(
     | set(topology_checks.INPUT_VARIABLES)
 )
 # The facts it reads (labctl_gpu_facts and the setup module's).
-INPUT_FACTS = ("gpu_count", "gpu_pci_count", "default_ipv4", "processor_vcpus", "processor_count",
-               "gpu_numa_nodes", "numa_node_cpus")
+INPUT_FACTS = ("gpu_count", "gpu_pci_count", "gpu_nvswitch", "default_ipv4", "processor_vcpus", "processor_count",
+               "gpu_numa_nodes", "numa_node_cpus", "gpus")
 
 
 class TopologyError(ValueError):
@@ -328,8 +334,8 @@ def lab_topology(
     that it sets); ``facts``: each host's facts (``INPUT_FACTS``, may be empty);
     ``gpu_source``: "facts" on the hosts, "inventory" on the control node (GPU counts from
     lab_expected_gpu_count, addresses from ansible_host); ``bundle_packages``: the apt packages
-    the bundle carries (node_exporter_gpu_source: auto picks DCGM exporter when they include
-    ``DCGM_PACKAGES``); ``bundle_models``: the bundle's models and revisions (name: [revision]),
+    the bundle carries (node_exporter_gpu_source: auto picks DCGM exporter on an NVSwitch host when
+    they include ``DCGM_PACKAGES``); ``bundle_models``: the bundle's models and revisions (name: [revision]),
     when known: a ``lab_models`` entry the bundle lacks is a problem.
 
     Problems do not raise: they are listed under ``problems`` (host: text), so that preflight
@@ -366,8 +372,11 @@ def lab_topology(
             problems.append(f"{host}: {exc}")
             exporter_port, dcgm_port = 0, 0
         listen, _ = setting(given, "exporter_listen_address")
+        # Who reads this host's node_exporter: Prometheus, and on a GPU host the gateways too (its
+        # GPU faults, labctl_gpu_fault, take the replicas out of their rotation).
+        readers = set(monitors) | (set(gateways) if "gpu" in roles else set())
         if not listen:
-            listen = "127.0.0.1" if monitors in ([], [host]) else address
+            listen = "127.0.0.1" if readers <= {host} else address
         if not listen:
             problems.append(f"{host}: no address to listen on for the exporters: set node_exporter_listen_address "
                             "(this host has no default IPv4 route)")
@@ -375,7 +384,7 @@ def lab_topology(
         if "gpu" not in roles:
             metrics = "off"
         elif metrics == "auto":
-            metrics = "dcgm" if dcgm_in_bundle else "textfile"
+            metrics = "dcgm" if dcgm_in_bundle and hf.get("gpu_nvswitch") is True else "textfile"
         elif metrics not in ("dcgm", "textfile", "off"):
             problems.append(f"{host}: {metrics_var}={metrics!r} is not one of auto, dcgm, textfile, off")
         entry["exporters"] = {"listen": listen, "node_port": exporter_port, "dcgm_port": dcgm_port, "gpu_metrics": metrics}
@@ -411,6 +420,10 @@ def lab_topology(
         if entry["exporters"]["listen"].startswith("127.") and away:
             problems.append(f"{host}: its exporters listen on loopback only, out of reach of Prometheus on {', '.join(away)}: "
                             "set node_exporter_listen_address")
+        away_gateways = [g for g in gateways if g != host and g not in away] if "gpu" in entry["roles"] else []
+        if entry["exporters"]["listen"].startswith("127.") and away_gateways:
+            problems.append(f"{host}: its node_exporter listens on loopback only, out of reach of the gateway on "
+                            f"{', '.join(away_gateways)}, which reads its GPU faults there: set node_exporter_listen_address")
     if gpu_hosts and gateways and not replicas and not problems:
         problems.append(f"no vLLM replica planned on any host of {GPU_GROUP}")
     for host in gateways if not problems else []:
@@ -497,7 +510,10 @@ def _settings(given: Mapping[str, Any], host: str, roles: list[str], groups: Map
         "gpu_checks": host in _members(groups, str(value("gpu_checks_group"))),
         "artifacts": {key: value(key) for key in ("model_name", "model_revision", "model_root", "model_source",
                                                    "tiktoken_encodings", "tiktoken_source_dir")},
-        "driver": {key: value(key) for key in ("kernel_module_managed", "install_kernel_headers", "secure_boot_key")},
+        "driver": {key: value(key) for key in ("kernel_module_managed", "install_kernel_headers", "secure_boot_key",
+                                                "driver_version")},
+        # What preflight checks of the CUDA line of a host's replicas (the bundle's set, the driver, CUDA_HOME).
+        "serving": {key: value(key) for key in ("flavor", "cuda_home")},
         "control_node_address": value("control_node_address"),
         "plan_inputs": {name: given[name] for name in PLAN_VARIABLES if given.get(name) is not None},
     }
@@ -561,11 +577,37 @@ def _plan_host(entry: dict[str, Any], host: str, given: Mapping[str, Any], hf: M
     cpus = int(hf.get("processor_vcpus") or hf.get("processor_count") or 0) if flavor == "cpu" else 0
     public = served_name(given)
     plan = replica_plan(count, tp, wanted, base, public, host, cpus, str(listen), tls)
+    if flavor == "cuda":
+        _check_reserve(plan, host, given, hf, count, tp, public)
     numa_binding(plan, hf, count)
     for r in plan:
         r.update(host=host, max_num_seqs=seqs, public_name=public, tensor_parallel_size=tp)
     replicas.extend(plan)
     entry["replicas"] = [r["index"] for r in plan]
+
+
+def gpu_memory_mib(facts: Mapping[str, Any]) -> list[Any]:
+    """Each GPU's memory.total (MiB) from labctl_gpu_facts' ``gpus``, in index order; [] without them."""
+    gpus = facts.get("gpus")
+    if not isinstance(gpus, list) or not all(isinstance(g, Mapping) for g in gpus):
+        return []
+    return [g.get("memory_total_mib") for g in sorted(gpus, key=lambda g: int(g.get("index") or 0))]
+
+
+def _check_reserve(plan: list[dict[str, Any]], host: str, given: Mapping[str, Any], hf: Mapping[str, Any], count: int,
+                   tp: int, public: str) -> None:
+    """A one-model lab's share must leave room on each GPU for its engine's CUDA context (what vLLM
+    allocates outside gpu_memory_utilization: labctl.models); raises naming the GPUs and the model."""
+    share, share_var = setting(given, "gpu_memory_utilization")
+    try:
+        value = float(str(share).strip())
+    except ValueError:
+        return  # not a number: the role's argument spec and labctl plan say so
+    engines = [{"index": r["index"], "gpus": r["gpus"], "gpu_memory_utilization": value, "tensor_parallel_size": tp,
+                "model": public} for r in plan]
+    found = models.reserve_problems(engines, host, count, gpu_memory_mib(hf), share_from=share_var)
+    if found:
+        raise TopologyError("; ".join(found))
 
 
 def _replica_listen(given: Mapping[str, Any], gateways: list[str], host: str, address: str) -> tuple[str, bool]:
@@ -597,7 +639,7 @@ def _plan_models(entry: dict[str, Any], host: str, given: Mapping[str, Any], hf:
     if count == 0:
         raise TopologyError(f"no GPU is visible and {EXPECTED_GPUS} is not set for this host")
     nodes = hf.get("gpu_numa_nodes") if isinstance(hf.get("gpu_numa_nodes"), list) else None
-    plan = models.place(listed, host, count, base, nodes)
+    plan = models.place(listed, host, count, base, nodes, gpu_memory_mib(hf))
     if plan and base + max(r["index"] for r in plan) > 65535:
         raise TopologyError(f"{base_var}={base}: the replicas' ports run past 65535")
     listen, tls = _replica_listen(given, gateways, host, address)
@@ -654,7 +696,9 @@ def _flows(hosts: Mapping[str, Mapping[str, Any]], replicas: list[dict[str, Any]
                       "from": sorted(set(gateways) | set(monitors))})
     for host, entry in hosts.items():
         ex = entry["exporters"]
-        flows.append({"to": host, "port": ex["node_port"], "service": "node_exporter", "from": list(monitors)})
+        # A GPU host's node_exporter: Prometheus, and the gateways (the GPU faults, labctl_gpu_fault).
+        readers = list(dict.fromkeys([*monitors, *(gateways if "gpu" in entry["roles"] else [])]))
+        flows.append({"to": host, "port": ex["node_port"], "service": "node_exporter", "from": readers})
         if ex["gpu_metrics"] == "dcgm":
             flows.append({"to": host, "port": ex["dcgm_port"], "service": "dcgm-exporter", "from": list(monitors)})
         if "litellm_port" in entry:

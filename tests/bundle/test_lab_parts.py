@@ -43,52 +43,68 @@ def _profile(tmp_path: Path, change: Any) -> str:
     return str(path)
 
 
-def _pypi_vllm(raw: dict[str, Any]) -> None:
-    """vLLM's PyPI build in place of the +cu129 variant, whose indexes (wheels.vllm.ai,
-    download.pytorch.org) are out of reach here; the same resolution code runs."""
-    raw["wheels"]["sets"]["vllm"] = {"requirements": ["vllm==0.33.0"]}
+@pytest.fixture(autouse=True)
+def _isolated_pip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip as on a lab's build machine: none of this machine's local wheels or indexes (its find-links
+    holds a CPU torch 2.13.0 that the lab's torch==2.13.0 would match, and the lock would refuse)."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
 
 
 def test_the_wheel_sets_resolve_for_every_supported_os_and_the_committed_locks_hold(tmp_path: Path) -> None:
-    """Each set locked per OS as `labctl bundle lock` does (resolve-only). The gateway's committed
-    lock (profiles/locks/lab/<os>/litellm.txt) must be one pip still resolves to as it stands: the
-    profile's requirements under the committed pins as constraints give the committed file byte for
-    byte (a changed profile, a pin that no longer fits, a wheel gone from PyPI or a changed hash
-    fail). PyPI publishing newer versions does not: that is a re-lock to review, printed here,
-    not a broken lock. vLLM's set is the PyPI build here (its +cu129 indexes are out of reach), so
-    only resolved, not compared."""
-    path = _profile(tmp_path, _pypi_vllm)
+    """Each set locked per OS as `labctl bundle lock` does (resolve-only). Every committed lock
+    (profiles/locks/lab/<os>/<set>.txt, the vLLM set and the gateway's) must be one pip still resolves to
+    as it stands: the profile's requirements under the committed pins as constraints give the committed
+    file byte for byte (a changed profile, a pin that no longer fits, a wheel gone from PyPI or a changed
+    hash fail). PyPI publishing newer versions does not: that is a re-lock to review (`labctl bundle lock
+    --profile lab` shows it), not a broken lock."""
+    path = str(REPO / "profiles" / "lab.yml")
     cache = default_cache_dir()
 
-    def lock(os_key: str) -> tuple[dict[str, str], str, float]:
+    def lock(os_key: str) -> tuple[dict[str, str], float]:
         started = time.monotonic()
         loaded = load_profile(path, os_key)
-        texts = {}
+        under_the_pins = {}
         for name, spec in loaded.spec.wheels.sets.items():
-            pins = make_lock(loaded, cache, name, spec, set_args(loaded, spec))
-            texts[name] = render(loaded, name, spec, pins)
-        committed = REPO / "profiles" / "locks" / "lab" / os_key / "litellm.txt"
-        _, held = parse(committed.read_text(), str(committed))
-        constraints = tmp_path / f"constraints-{os_key}.txt"
-        constraints.write_text("".join(f"{pin.name}=={pin.version}\n" for pin in held))
-        spec = loaded.spec.wheels.sets["litellm"]
-        pinned = make_lock(loaded, cache, "litellm", spec, [*set_args(loaded, spec), "-c", str(constraints)])
-        return texts, render(loaded, "litellm", spec, pinned), time.monotonic() - started
+            committed = REPO / "profiles" / "locks" / "lab" / os_key / f"{name}.txt"
+            _, held = parse(committed.read_text(), str(committed))
+            constraints = tmp_path / f"constraints-{os_key}-{name}.txt"
+            constraints.write_text("".join(f"{pin.name}=={pin.version}\n" for pin in held))
+            pinned = make_lock(loaded, cache, name, spec, [*set_args(loaded, spec), "-c", str(constraints)])
+            under_the_pins[name] = render(loaded, name, spec, pinned)
+        return under_the_pins, time.monotonic() - started
 
     with ThreadPoolExecutor(len(OSES)) as pool:
         results = dict(zip(OSES, pool.map(lock, OSES), strict=True))
-    for os_key, (texts, under_the_pins, seconds) in results.items():
-        _, vllm = parse(texts["vllm"], "vllm")
-        _, litellm = parse(texts["litellm"], "litellm")
+    for os_key, (under_the_pins, seconds) in results.items():
+        _, vllm = parse(under_the_pins["vllm"], "vllm")
         versions = {p.name: p.version for p in vllm}
-        print(f"{os_key}: vllm set {len(vllm)} projects, litellm set {len(litellm)}, {seconds:.1f} s")
-        assert versions["vllm"] == "0.33.0" and "torch" in versions, os_key
-        committed = REPO / "profiles" / "locks" / "lab" / os_key / "litellm.txt"
-        assert under_the_pins == committed.read_text(), (
-            f"{committed} no longer resolves as committed: labctl bundle lock --profile lab --set litellm, review, commit")
-        newer = sorted(set(texts["litellm"].splitlines()) - set(committed.read_text().splitlines()))
-        if newer:
-            print(f"{os_key}: PyPI has moved on from the committed gateway lock (re-lock to take): {newer}")
+        print(f"{os_key}: vllm set {len(vllm)} projects, {seconds:.1f} s")
+        assert versions["vllm"] == "0.32.0" and versions["torch"] == "2.13.0", os_key
+        for name, text in under_the_pins.items():
+            committed = REPO / "profiles" / "locks" / "lab" / os_key / f"{name}.txt"
+            assert text == committed.read_text(), (
+                f"{committed} no longer resolves as committed: labctl bundle lock --profile lab --set {name}, review, commit")
+
+
+def test_the_flashinfer_kernel_variant_is_refused_here_naming_its_index(tmp_path: Path) -> None:
+    """FlashInfer's precompiled kernels (docs/bundle.md, "FlashInfer's kernel wheels") are published for
+    0.7.x on FlashInfer's own index only (PyPI's flashinfer-cubin stops at 0.6.13; flashinfer-jit-cache
+    was never there): a lock of that variant where the index does not answer says so, by name."""
+
+    def kernels(raw: dict[str, Any]) -> None:
+        vllm = raw["wheels"]["sets"]["vllm"]
+        vllm["requirements"] += ["flashinfer-cubin==0.7.0.post1", "flashinfer-jit-cache==0.7.0.post1+cu130"]
+        vllm["extra_index_urls"] = ["https://flashinfer.ai/whl", "https://flashinfer.ai/whl/cu130"]
+
+    profile = load_profile(_profile(tmp_path, kernels), "debian-12")
+    spec = profile.spec.wheels.sets["vllm"]
+    with pytest.raises(BuildError) as raised:
+        make_lock(profile, default_cache_dir(), "vllm", spec, set_args(profile, spec))
+    text = str(raised.value)
+    print(text)
+    assert "https://flashinfer.ai/whl" in text and ("unreachable" in text or "does not serve" in text), text
 
 
 def test_what_the_targets_python_needs_joins_the_set(tmp_path: Path) -> None:
@@ -99,7 +115,6 @@ def test_what_the_targets_python_needs_joins_the_set(tmp_path: Path) -> None:
     and resolves again with what holds there."""
 
     def without(raw: dict[str, Any]) -> None:
-        _pypi_vllm(raw)
         sets = raw["wheels"]["sets"]
         sets["litellm"]["requirements"] = [r for r in sets["litellm"]["requirements"] if not r.startswith("async-timeout")]
 
@@ -118,7 +133,6 @@ def test_jammys_own_python_cannot_run_this_vllm(tmp_path: Path) -> None:
     """Why the Ubuntu 22.04 bundle carries python3.11: vLLM 0.32 and later require Python >= 3.11."""
 
     def jammy_python3(raw: dict[str, Any]) -> None:
-        _pypi_vllm(raw)
         variant = raw["os"]["ubuntu-22.04"]
         variant["target"]["python"] = "3.10"
         del variant["apt"]["groups"]["python"]

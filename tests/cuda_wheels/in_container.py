@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Runs inside the network-less target container with the venv's python (tests/cuda_wheels/check.py):
+"""Runs inside the network-less target container with the venv's python (tests/bundle/test_lab_vllm_offline.py):
 the CUDA vLLM wheel set imports, its argument parser takes the replicas' configs, and every download
 the start-up of vLLM could make is satisfied from the bundle (offline_paths.py), with the replicas'
 own environment (the rendered vllm.env and tiktoken.env) and every attempt to reach a host recorded.
@@ -31,7 +31,7 @@ started = time.monotonic()
 import torch  # noqa: E402
 
 result["torch"] = torch.__version__
-result["torch_cuda"] = torch.version.cuda
+result["torch_cuda"] = torch.version.cuda  # "13.0": the set's CUDA (lab_vllm_cuda_version)
 result["torch_cuda_available"] = torch.cuda.is_available()
 import vllm  # noqa: E402
 
@@ -55,37 +55,44 @@ class _CudaNamed(Platform):  # type: ignore[misc]  # vLLM's class: only the cont
 vllm.platforms._current_platform = _CudaNamed()
 result["platform"] = "minimal CUDA-named platform (no GPU, no libcuda.so.1 here)"
 
-# What `python -m vllm.entrypoints.openai.api_server` (the vllm@ unit's ExecStart) runs to read its
-# flags: vllm/entrypoints/launchers/api_server/entry.py main() in 0.33.
-try:
-    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
-except ImportError:  # before the launchers move
-    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+# What `vllm serve --config replica-<i>.yaml` (the vllm@ unit's ExecStart) runs to read its flags: the
+# serve subcommand's parser and its validation (vllm/entrypoints/cli/serve.py, ServeSubcommand).
+from vllm.entrypoints.cli.serve import ServeSubcommand  # noqa: E402
 from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 
+
+def serve_parser() -> FlexibleArgumentParser:
+    cli = FlexibleArgumentParser(description="vLLM CLI")
+    return ServeSubcommand().subparser_init(cli.add_subparsers(dest="subparser"))
+
+
 parsed = {}
+attention: dict[str, object] = {}
 for config in opts.configs:
-    parser = make_arg_parser(FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server."))
-    args = parser.parse_args(["--config", config])
-    validate_parsed_serve_args(args)
+    args = serve_parser().parse_args(["--config", config])
+    ServeSubcommand().validate(args)
     parsed[os.path.basename(config)] = {
         key: getattr(args, key)
         for key in ("model", "served_model_name", "host", "port", "tensor_parallel_size", "max_model_len",
                     "max_num_batched_tokens", "max_num_seqs", "scheduling_policy", "enable_prefix_caching",
-                    "gpu_memory_utilization", "disable_access_log_for_endpoints")
+                    "gpu_memory_utilization", "disable_access_log_for_endpoints", "runner", "convert")
         if hasattr(args, key)
     }
+    given = getattr(args, "attention_config", None)
+    attention = given if isinstance(given, dict) else (vars(given) if given is not None else {})
+    attention = {k: v for k, v in attention.items() if k == "use_trtllm_attention" and v is not None}
+    parsed[os.path.basename(config)]["attention_config"] = attention
 result["replicas"] = parsed
 # The check can fail: a flag this vLLM does not know is refused the way the unit's start would be.
 bogus = "/tmp/bogus.yaml"
 with open(opts.configs[0]) as source, open(bogus, "w") as out:
     out.write(source.read() + "not-a-vllm-flag: 1\n")
 try:
-    make_arg_parser(FlexibleArgumentParser()).parse_args(["--config", bogus])
+    serve_parser().parse_args(["--config", bogus])
     result["unknown_flag_refused"] = False
 except SystemExit:
     result["unknown_flag_refused"] = True
-result["offline"] = offline_paths.prove(opts.model)
+result["offline"] = offline_paths.prove(opts.model, attention)
 harmony = next(item for item in result["offline"]["items"] if item["id"] == "harmony-vocab")
 result["harmony_tokens_of_hello"] = harmony["evidence"].get("tokens_of_hello_world")
 print(json.dumps(result, default=str))

@@ -3,7 +3,8 @@ that the bundle satisfies it. Runs in the network-less target container with the
 (in_container.py), under a guard that records every attempt to reach a host; the environment is the
 replicas' own, read from the files the roles render (vllm.env, tiktoken.env) as systemd reads them.
 
-The list comes from reading the pinned sources (vLLM 0.33.0, FlashInfer 0.7.2.post1, oss-harmony):
+The list comes from reading the pinned sources (vLLM 0.32.0, FlashInfer 0.7.0.post1, oss-harmony 0.0.11;
+docs/bundle.md, "The CUDA line"):
 
 | id | what would be fetched | from (source) | satisfied by |
 |---|---|---|---|
@@ -11,9 +12,9 @@ The list comes from reading the pinned sources (vLLM 0.33.0, FlashInfer 0.7.2.po
 | modelscope | the same from ModelScope | modelscope.cn, only with VLLM_USE_MODELSCOPE=1 (vllm/envs.py) | not set |
 | usage-stats | the usage report at engine start | VLLM_USAGE_STATS_SERVER, https://stats.vllm.ai (vllm/usage/usage_lib.py) | VLLM_NO_USAGE_STATS=1, DO_NOT_TRACK=1 |
 | harmony-vocab | o200k_base for gpt-oss's harmony format | openaipublic.blob.core.windows.net (oss-harmony) | TIKTOKEN_ENCODINGS_BASE = the bundle's tiktoken files (tiktoken.env) |
-| artifactory-probe | a GET of NVIDIA's cubin artifactory, to decide whether TRTLLM attention can be used | FLASHINFER_CUBINS_REPOSITORY, edge.urm.nvidia.com (vllm/utils/flashinfer.py: has_nvidia_artifactory) | flashinfer-cubin installed (the GET is skipped) |
-| flashinfer-cubins | cubins and their headers | FLASHINFER_CUBINS_REPOSITORY (flashinfer/jit/cubin_loader.py: get_artifact) into ~/.cache/flashinfer/cubins | flashinfer-cubin of FlashInfer's version (FLASHINFER_CUBIN_DIR is the package); FLASHINFER_NO_DOWNLOAD=1 (vllm.env) turns a miss into an error |
-| flashinfer-jit | vLLM's FlashInfer sampler (top-k/top-p, on by default on Hopper): the `sampling` module, compiled with nvcc at first use | no URL: nvcc at CUDA_HOME, ninja (flashinfer/jit/core.py, vllm/v1/sample/ops/topk_topp_sampler.py) | flashinfer-jit-cache + its sm90a provider (an AOT build of the module) |
+| artifactory-probe | a GET of NVIDIA's cubin artifactory, to decide whether TRTLLM attention can be used: reached on Hopper, the attention selector validates FlashInfer's backend for gpt-oss's sinks | FLASHINFER_CUBINS_REPOSITORY, edge.urm.nvidia.com (vllm/utils/flashinfer.py: has_nvidia_artifactory; v1/attention/backends/flashinfer.py: supports_sink) | the replicas' `attention-config: {use_trtllm_attention: false}` (replica-<i>.yaml, with no cubins in the bundle): supports_sink answers before the probe; or flashinfer-cubin installed |
+| flashinfer-cubins | cubins and their headers | FLASHINFER_CUBINS_REPOSITORY (flashinfer/jit/cubin_loader.py: get_artifact) into ~/.cache/flashinfer/cubins | nothing on the Hopper gpt-oss path fetches one (trtllm-gen, XQA, sm100 kernels do); FLASHINFER_NO_DOWNLOAD=1 (vllm.env) turns an unexpected fetch into an error; with flashinfer-cubin in the set, its files |
+| flashinfer-jit | vLLM's FlashInfer sampler (top-k/top-p, on by default on Hopper): the `sampling` module, compiled with nvcc at the first top_p/top_k request (and the all-reduce modules at TP > 1, at start) | no URL: nvcc at CUDA_HOME, ninja on PATH (flashinfer/jit/core.py, cpp_ext.py; vllm/v1/sample/ops/topk_topp_sampler.py) | the set's own CUDA 13 compiler (cuda-toolkit[nvcc,cccl]) as CUDA_HOME, of torch's CUDA major, and the venv's ninja on PATH (vllm.env); the vllm role builds the modules before the start (files/labctl-flashinfer-prebuild, run in the container by tests/bundle/test_lab_vllm_offline.py); or flashinfer-jit-cache + its sm90a provider |
 | triton | the MoE (OAI triton_kernels, vendored in vllm/third_party) and torch.compile kernels | no URL: ptxas bundled in the triton wheel; gcc and Python headers from the bundle's apt part | the triton wheel's ptxas; vllm_system_packages |
 
 Not on that path (and why) is REVIEWED below: every other place in the installed vLLM and FlashInfer
@@ -118,7 +119,7 @@ def _watched(step: Callable[[], Any]) -> tuple[Any, list[dict[str, str]], str | 
 # --- what the installed code does --------------------------------------------------------------
 
 # Every file of the installed vLLM and FlashInfer that opens a connection (the pattern below), and
-# why it is not on a replica's start-up: read in vLLM 0.33.0 and FlashInfer 0.7.2.post1.
+# why it is not on a replica's start-up: read in vLLM 0.32.0 and FlashInfer 0.7.0.post1.
 REVIEWED: dict[str, str] = {
     # on the start-up path: items above
     "vllm/transformers_utils/config.py": "hf-hub: local model directory, HF_HUB_OFFLINE",
@@ -127,8 +128,8 @@ REVIEWED: dict[str, str] = {
     "vllm/tokenizers/registry.py": "hf-hub / modelscope: local tokenizer files",
     "vllm/model_executor/model_loader/weight_utils.py": "hf-hub: weights are downloaded only for a hub id; the model is a local directory",
     "vllm/usage/usage_lib.py": "usage-stats: VLLM_NO_USAGE_STATS=1",
-    "vllm/utils/flashinfer.py": "artifactory-probe: skipped with flashinfer-cubin installed",
-    "flashinfer/jit/cubin_loader.py": "flashinfer-cubins: read from flashinfer-cubin; FLASHINFER_NO_DOWNLOAD=1",
+    "vllm/utils/flashinfer.py": "artifactory-probe: not reached with use_trtllm_attention false (or flashinfer-cubin)",
+    "flashinfer/jit/cubin_loader.py": "flashinfer-cubins: nothing on the Hopper gpt-oss path fetches one; FLASHINFER_NO_DOWNLOAD=1",
     "flashinfer/artifacts.py": "flashinfer-cubins: `flashinfer download-cubin` (an operator's command, not the start)",
     # not on the start-up path of a local gpt-oss replica
     "flashinfer/attention/cute_dsl/fmha.py": "CuTe DSL FMHA kernels for sm100+ (Blackwell); Hopper uses vLLM's FlashAttention 3",
@@ -220,7 +221,7 @@ def _item(id_: str, url: str, needs: list[str], satisfied: bool, evidence: dict[
             "evidence": evidence, "attempts": attempts, "error": error}
 
 
-def prove(model_dir: str) -> dict[str, Any]:
+def prove(model_dir: str, attention_config: dict[str, Any]) -> dict[str, Any]:
     env = os.environ
     items = []
 
@@ -273,13 +274,21 @@ def prove(model_dir: str) -> dict[str, Any]:
 
     def artifactory() -> dict[str, Any]:
         import vllm.utils.flashinfer as fi
+        from vllm.config import AttentionConfig, VllmConfig, set_current_vllm_config
+        from vllm.v1.attention.backends.flashinfer import FlashInferBackend
 
+        # The attention selector validates every backend for gpt-oss's sinks, FlashInfer's included: its
+        # supports_sink() reaches has_nvidia_artifactory() unless the replica's attention config says no.
+        config = AttentionConfig(**attention_config)
+        with set_current_vllm_config(VllmConfig(attention_config=config)):
+            sinks = FlashInferBackend.supports_sink()
         return {"repository": fi.FLASHINFER_CUBINS_REPOSITORY, "has_flashinfer_cubin": fi.has_flashinfer_cubin(),
-                "has_nvidia_artifactory": fi.has_nvidia_artifactory()}
+                "replica_attention_config": attention_config, "flashinfer_supports_sink": sinks}
 
     value, attempts, error = _watched(artifactory)
-    items.append(_item("artifactory-probe", (value or {}).get("repository", ""), ["flashinfer-cubin"],
-                       bool(value) and value["has_nvidia_artifactory"], value or {}, attempts, error))
+    items.append(_item("artifactory-probe", (value or {}).get("repository", ""), [],
+                       bool(value) and (value["has_flashinfer_cubin"] or value["flashinfer_supports_sink"] is False),
+                       value or {}, attempts, error))
 
     def cubins() -> dict[str, Any]:
         import flashinfer  # the whole package: what vLLM imports on CUDA
@@ -298,30 +307,45 @@ def prove(model_dir: str) -> dict[str, Any]:
                 "FLASHINFER_NO_DOWNLOAD": env.get("FLASHINFER_NO_DOWNLOAD"), **_cubin_files(cubin_dir)}
 
     value, attempts, error = _watched(cubins)
-    items.append(_item("flashinfer-cubins", (value or {}).get("repository", ""), ["flashinfer-cubin"],
-                       bool(value) and value["flashinfer_cubin_package"] == value["FLASHINFER_CUBIN_DIR"]
-                       and not value["bad_manifests"] and value["present"] > 0 and value["missing_count"] == 0
-                       and value["FLASHINFER_NO_DOWNLOAD"] == "1", value or {}, attempts, error))
+    if value and value["flashinfer_cubin_package"]:
+        ok = (value["flashinfer_cubin_package"] == value["FLASHINFER_CUBIN_DIR"] and not value["bad_manifests"]
+              and value["present"] > 0 and value["missing_count"] == 0)
+    else:  # the default set: nothing on the Hopper gpt-oss path fetches a cubin, and a fetch is an error
+        ok = bool(value)
+    items.append(_item("flashinfer-cubins", (value or {}).get("repository", ""), [],
+                       ok and (value or {}).get("FLASHINFER_NO_DOWNLOAD") == "1", value or {}, attempts, error))
 
     def jit() -> dict[str, Any]:
+        import shutil
+        import subprocess
+
+        import torch
         import vllm.utils.flashinfer as fi
+        from flashinfer.jit import cpp_ext
         from flashinfer.jit import env as fi_env
         from flashinfer.jit.sampling import gen_sampling_module
 
         spec = gen_sampling_module()
         artifacts = spec.aot_artifacts
+        cuda_home = cpp_ext.get_cuda_path()
+        nvcc = subprocess.run([os.path.join(cuda_home, "bin", "nvcc"), "--version"], capture_output=True, text=True,
+                              check=False)
+        release = re.search(r"release (\d+\.\d+)", nvcc.stdout)
         return {"module": spec.name, "targets": sorted(fi_env._target_cuda_architectures()),
-                "providers": [{"id": p.provider_id, "distribution": p.distribution, "version": p.version,
-                               "architectures": sorted(p.cuda_architectures)} for p in fi_env.FLASHINFER_AOT_PROVIDERS],
                 "aot": [{"provider": a.provider_id, "path": str(a.path), "exists": a.path.is_file()} for a in artifacts],
                 "vllm_uses_flashinfer": fi.has_flashinfer(), "CUDA_HOME": env.get("CUDA_HOME"),
+                "flashinfer_cuda_path": cuda_home, "nvcc_release": release.group(1) if release else None,
+                "torch_cuda": torch.version.cuda, "ninja": shutil.which("ninja"),
                 "would_compile_into": None if artifacts else str(spec.jit_library_path)}
 
     value, attempts, error = _watched(jit)
-    items.append(_item("flashinfer-jit", "no URL: nvcc at CUDA_HOME compiles the `sampling` module",
-                       ["flashinfer-jit-cache", "flashinfer-jit-cache-sm90a"],
-                       bool(value) and bool(value["aot"]) and all(a["exists"] for a in value["aot"])
-                       and "sm90a" in value["targets"], value or {}, attempts, error))
+    if value and value["aot"]:
+        ok = all(a["exists"] for a in value["aot"])
+    else:  # compiled with the set's own compiler: of torch's CUDA major, found where FlashInfer looks
+        ok = (bool(value) and value["flashinfer_cuda_path"] == value["CUDA_HOME"] and bool(value["nvcc_release"])
+              and str(value["nvcc_release"]).split(".")[0] == str(value["torch_cuda"]).split(".")[0] and bool(value["ninja"]))
+    items.append(_item("flashinfer-jit", "no URL: nvcc at CUDA_HOME compiles the `sampling` module", [],
+                       ok and "sm90a" in (value or {}).get("targets", []), value or {}, attempts, error))
 
     def triton() -> dict[str, Any]:
         from triton import knobs

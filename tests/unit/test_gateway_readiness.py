@@ -36,10 +36,11 @@ BIN = Path(sys.executable).parent
 
 
 def _load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, interval: float = 0.2, timeout: float = 0.5,
-          ca_file: Path | None = None) -> Any:
+          ca_file: Path | None = None, gpu_health: dict[str, Any] | None = None, gpu_health_interval: float = 15.0) -> Any:
     return load_callback("labctl_readiness", tmp_path, monkeypatch, litellm_readiness_interval=interval,
                          litellm_readiness_timeout=timeout, __litellm_drain_dir=str(tmp_path / "drain"),
-                         litellm_vllm_ca_file=str(ca_file or tmp_path / "no-ca.crt"))
+                         litellm_vllm_ca_file=str(ca_file or tmp_path / "no-ca.crt"),
+                         litellm_readiness_gpu_health_interval=gpu_health_interval, __litellm_gpu_health=gpu_health or {})
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -48,7 +49,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     reads: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
-        body = (self.metrics if self.path == "/metrics" else "").encode()
+        body = (self.metrics if self.path.split("?")[0] == "/metrics" else "").encode()
         self.reads.append(self.metrics)
         self.send_response(self.status)
         self.send_header("Content-Length", str(len(body)))
@@ -229,6 +230,84 @@ def test_a_drain_marker_routes_around_a_healthy_replica_until_it_expires(
         return seen
 
     assert asyncio.run(scenario()) == [["r-0"], ["r-0", "r-1"], ["r-0", "r-1"], ["r-0", "r-1"]]
+
+
+# --- GPU faults (issue 39) ----------------------------------------------------------------------
+
+COLLECTOR = REPO / "roles" / "node_exporter" / "files" / "labctl-node-metrics"
+SMI = REPO / "tests" / "fixtures" / "nvidia-smi"
+# What node_exporter's textfile collector adds beside the files' samples (node_exporter 1.x).
+TEXTFILE_OWN = ('# HELP node_textfile_scrape_error 1 if there was an error opening or reading a file, 0 otherwise\n'
+                '# TYPE node_textfile_scrape_error gauge\nnode_textfile_scrape_error 0\n')
+
+
+def _collector_output(tmp_path: Path, klog: str) -> str:
+    """labctl_gpu_faults.prom as the real collector writes it on an H200 pair (nvidia-smi double) whose
+    kernel log holds ``klog``, as node_exporter then serves it."""
+    out = tmp_path / "textfile"
+    out.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "kernel.log").write_text(klog)
+    env = dict(os.environ, NVIDIA_SMI_STUB_DATA=str(SMI / "h200x2.json"), NVIDIA_SMI_STUB_SHARE="/nonexistent",
+               NVIDIA_SMI_STUB_RUN="/nonexistent")
+    subprocess.run([sys.executable, str(COLLECTOR), "--textfile-dir", str(out), "--nvidia-smi", str(SMI / "nvidia-smi-stub"),
+                    "--kernel-log-command", f"cat {tmp_path / 'kernel.log'}", "--state-file", str(tmp_path / "state" / "xid.json")],
+                   check=True, env=env, capture_output=True, timeout=60)
+    return (out / "labctl_gpu_faults.prom").read_text() + TEXTFILE_OWN
+
+
+def test_a_replica_on_a_faulted_gpu_leaves_the_rotation_until_the_fault_is_cleared(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replica r-0 on GPU 0, r-1 on GPU 1 of one host, both healthy. Xid 79 on GPU 1 (read from the host's
+    node_exporter, the real collector's latch): r-1 gets nothing, even once r-0 is down too; a node_exporter
+    that stops answering keeps the fault; once cleared, r-1 is back."""
+    xid79 = "NVRM: Xid (PCI:0000:9a:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+    healthy, faulted = _collector_output(tmp_path / "ok", ""), _collector_output(tmp_path / "bad", xid79)
+    assert 'fault="xid79"} 1' in faulted and 'fault="xid79"} 0' in healthy and "} 1\n" not in healthy.split("node_textfile")[0]
+
+    async def scenario() -> list[list[str]]:
+        seen = []
+        with _server(200) as (a, _), _server(200) as (b, _), _server(200, healthy) as (exporter, node):
+            url = f"http://127.0.0.1:{exporter}/metrics?collect%5B%5D=textfile"
+            mod = _load(tmp_path, monkeypatch, gpu_health={
+                f"http://127.0.0.1:{a}/v1": {"url": url, "gpus": ["0"]}, f"http://127.0.0.1:{b}/v1": {"url": url, "gpus": ["1"]}},
+                gpu_health_interval=0.2)
+            ready = mod.Readiness(interval=0.1, timeout=1.0, drain_dir=str(tmp_path / "drain"))
+            both = [_deployment(a, "r-0"), _deployment(b, "r-1")]
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            node.metrics = faulted
+            await asyncio.sleep(0.8)
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            seen.append(_served(await ready.async_filter_deployments("m", [_deployment(b, "r-1")], None)))
+            seen.append(_served(await ready.async_filter_deployments("m", [_deployment(_closed_port(), "r-0"),
+                                                                           _deployment(b, "r-1")], None)))
+            node.status = 500
+            await asyncio.sleep(0.8)
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            node.status, node.metrics = 200, healthy
+            await asyncio.sleep(0.8)
+            seen.append(_served(await ready.async_filter_deployments("m", both, None)))
+            ready.task.cancel()
+        return seen
+
+    assert asyncio.run(scenario()) == [["r-0", "r-1"], ["r-0"], [], ["r-0"], ["r-0"], ["r-0", "r-1"]]
+
+
+def test_the_gateway_reads_each_replicas_gpus_on_its_own_host() -> None:
+    """The litellm role's filter: every replica's api_base, its GPUs and its host's node_exporter (the
+    textfile collector only), from the topology."""
+    sys.path.insert(0, str(REPO / "roles" / "litellm" / "filter_plugins"))
+    from litellm_filters import labctl_gpu_health
+
+    from labctl.topology import lab_topology
+
+    groups = {"lab": ["gw", "gpu1"], "gpu_hosts": ["gpu1"], "gateway_hosts": ["gw"], "monitoring_hosts": ["gw"]}
+    facts: dict[str, dict[str, Any]] = {"gw": {"default_ipv4": {"address": "10.0.0.1"}},
+                                        "gpu1": {"default_ipv4": {"address": "10.0.0.2"}, "gpu_count": 4}}
+    topo = lab_topology(groups, {"gw": {}, "gpu1": {"vllm_tensor_parallel_size": 2}}, facts)
+    assert topo["problems"] == []
+    assert labctl_gpu_health(topo["replicas"], topo) == {
+        "https://10.0.0.2:8000/v1": {"url": "http://10.0.0.2:9100/metrics?collect%5B%5D=textfile", "gpus": ["0", "1"], "host": "gpu1"},
+        "https://10.0.0.2:8001/v1": {"url": "http://10.0.0.2:9100/metrics?collect%5B%5D=textfile", "gpus": ["2", "3"], "host": "gpu1"}}
 
 
 def test_the_hook_matches_litellms_signature() -> None:

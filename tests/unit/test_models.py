@@ -55,10 +55,10 @@ def test_adding_a_model_moves_no_replica_of_another() -> None:
 
 @pytest.mark.parametrize(("second", "message"), [
     ({**EMBED, "gpus": [1], "gpu_memory_utilization": 0.3},
-     ("lab_models[1] (bge-small): gpus: GPU 1 of gpu01.lab.example has 0.20 of its memory left beside gpt-oss-120b (0.80), "
-     "not the 0.30 gpu_memory_utilization asks for")),
+     ("lab_models[1] (bge-small): gpus: GPU 1 of gpu01.lab.example (81559 MiB) has 0.18 of its memory left beside "
+      "gpt-oss-120b (0.80), not the 0.30 gpu_memory_utilization asks for and 0.024 (1994 MiB) for its engine's CUDA context")),
     ({**EMBED, "gpus": 2, "gpu_memory_utilization": 0.3},
-     "lab_models[1] (bge-small): gpus=2: gpu01.lab.example has room for 0 GPU(s) of 0.30 memory"),
+     "lab_models[1] (bge-small): gpus=2: gpu01.lab.example has room for 0 GPU(s) of 0.30 memory and a 1994 MiB CUDA context"),
     ({**EMBED, "gpus": [2]}, "lab_models[1] (bge-small): gpus: gpu01.lab.example has 2 GPU(s), no GPU 2"),
 ])
 def test_a_gpu_is_never_shared_beyond_its_memory(second: dict[str, Any], message: str) -> None:
@@ -141,8 +141,10 @@ def test_a_model_beyond_the_gpus_memory_is_refused_by_the_topology_naming_the_gp
     out = lab_topology(groups, {"gpu1": {"lab_models": [{**CHAT, "gpus": [0, 1]}, {**EMBED, "gpus": [1], "gpu_memory_utilization": 0.3}]}},
                        facts)
     assert out["problems"] == [
-        ("gpu1: lab_models[1] (bge-small): gpus: GPU 1 of gpu1 has 0.20 of its memory left beside gpt-oss-120b (0.80), not "
-         "the 0.30 gpu_memory_utilization asks for (the shares on one GPU add up to at most 1.0)")]
+        ("gpu1: lab_models[1] (bge-small): gpus: GPU 1 of gpu1 (81559 MiB) has 0.18 of its memory left beside gpt-oss-120b "
+         "(0.80), not the 0.30 gpu_memory_utilization asks for and 0.024 (1994 MiB) for its engine's CUDA context: vLLM "
+         "allocates each engine's context outside its share, so the shares on one GPU add up to at most 1.0 less a context "
+         "per engine")]
     # A model that asks for every GPU left takes those with room: the chat model on GPU 0 only, named in the plan.
     fewer = lab_topology(groups, {"gpu1": {"lab_models": [CHAT, {**EMBED, "gpus": [1], "gpu_memory_utilization": 0.3}]}}, facts)
     assert [(r["model"], r["gpus"]) for r in fewer["replicas"]] == [("gpt-oss-120b", "0"), ("bge-small", "1")]
@@ -165,3 +167,61 @@ def test_a_key_limited_to_a_model_the_lab_does_not_serve_stops_the_run_first() -
     one = lab_topology(groups, {"gpu1": {"lab_model_name": "gpt-oss-120b", "lab_app_keys": keys}}, facts)["problems"]
     assert one == [("gpu1: lab_app_keys: key rag is limited to models bge-small, but lab_models is not set: "
                     "`labctl keys models rag` (no --model) gives it every model of its class, or revoke it")]
+
+
+# Issue 39, part 2: what a vLLM engine takes of a GPU outside its gpu_memory_utilization share (its CUDA
+# context, before vLLM 0.32.0's memory snapshot: labctl.models' docstring), and the plans it rules out.
+H200 = [143771, 143771]  # nvidia-smi's memory.total of an H200 (tests/fixtures/nvidia-smi)
+
+
+def test_the_reserve_is_vllms_measured_context_and_profiling_margin() -> None:
+    # 1.8 GiB (vllm/multimodal/video_decoders/pynvvideocodec.py) rounded up to MiB, and 150 MiB
+    # (gpu_worker.py's redundancy_buffer_memory); tensor parallel adds the docstring's 0.5 GiB for NCCL.
+    assert models.CONTEXT_RESERVE_MIB == -(-18 * 1024 // 10) + 150 == 1994
+    assert models.engine_reserve_mib(1) == 1994 and models.engine_reserve_mib(2) == 1994 + 512
+    assert models.gpu_sizes(3, [143771, None]) == {0: 143771, 1: 81559, 2: 81559}
+
+
+def test_shares_adding_up_to_the_whole_gpu_are_refused_naming_the_gpu_and_its_models() -> None:
+    """Today's rule (shares up to 1.0) let 0.85 + 0.15 onto one GPU: the second engine finds less than its
+    share free once the first's context is there, and vLLM refuses it ("Free memory on device ... on
+    startup is less than desired GPU memory utilization")."""
+    with pytest.raises(ModelsError) as caught:
+        models.place(models.parse([{**CHAT, "gpus": [0, 1], "gpu_memory_utilization": 0.85}, {**EMBED, "gpus": [1]}], BUNDLE),
+                     "gpu01", 2, 8000, memory_mib=H200)
+    assert str(caught.value).startswith(
+        "lab_models[1] (bge-small): gpus: GPU 1 of gpu01 (143771 MiB) has 0.14 of its memory left beside gpt-oss-120b (0.85), "
+        "not the 0.15 gpu_memory_utilization asks for and 0.014 (1994 MiB) for its engine's CUDA context")
+    # With room for both contexts it fits: 0.80 + 0.15 of an H200 leaves 7.0 GiB for two of 1.9 GiB.
+    fits = models.place(models.parse([{**CHAT, "gpus": [0, 1]}, {**EMBED, "gpus": [1]}], BUNDLE), "gpu01", 2, 8000, memory_mib=H200)
+    assert [(r["index"], r["gpus"]) for r in fits] == [(0, "0"), (1, "1"), (100, "1")]
+
+
+def test_a_model_asking_for_every_gpu_left_skips_one_without_room_for_its_context() -> None:
+    # An 80 GB GPU holding 0.90 of bge-small... has 0.10 left, less than 0.08 + a context (0.024).
+    small = {**EMBED, "gpus": [0], "gpu_memory_utilization": 0.9}
+    chat = {**CHAT, "gpu_memory_utilization": 0.08}
+    replicas = models.place(models.parse([chat, small], BUNDLE), "gpu01", 2, 8000)
+    assert [(r["model"], r["gpus"]) for r in replicas] == [("gpt-oss-120b", "1"), ("bge-small", "0")]
+
+
+def test_a_one_model_lab_whose_share_leaves_no_room_for_the_context_is_refused_by_the_topology() -> None:
+    from labctl.topology import lab_topology
+
+    groups = {"lab": ["gpu1"], "gpu_hosts": ["gpu1"], "gateway_hosts": ["gpu1"], "monitoring_hosts": ["gpu1"]}
+    facts = {"gpu1": {"default_ipv4": {"address": "10.0.0.11"}, "gpu_count": 2,
+                      "gpus": [{"index": i, "memory_total_mib": 143771} for i in range(2)]}}
+    full = lab_topology(groups, {"gpu1": {"lab_model_name": "gpt-oss-120b", "vllm_gpu_memory_utilization": 1.0}}, facts)
+    assert full["problems"] == [(
+        "gpu1: GPU 0 of gpu1 (143771 MiB): gpt-oss-120b vllm@0 (1.00) leave 0 MiB beside the shares, less than the 1994 MiB "
+        "the CUDA context of its engine takes outside them (vLLM allocates it before its memory snapshot): lower "
+        "vllm_gpu_memory_utilization; GPU 1 of gpu1 (143771 MiB): gpt-oss-120b vllm@1 (1.00) leave 0 MiB beside the shares, "
+        "less than the 1994 MiB the CUDA context of its engine takes outside them (vLLM allocates it before its memory "
+        "snapshot): lower vllm_gpu_memory_utilization")]
+    # 0.98 of an H200 leaves 2.8 GiB: room; of an 80 GB GPU (no memory facts: the fallback) 1.6 GiB: none.
+    assert lab_topology(groups, {"gpu1": {"lab_vllm_gpu_memory_utilization": 0.98}}, facts)["problems"] == []
+    bare = {"gpu1": {"default_ipv4": {"address": "10.0.0.11"}, "gpu_count": 2}}
+    assert "lower lab_vllm_gpu_memory_utilization" in lab_topology(groups, {"gpu1": {"lab_vllm_gpu_memory_utilization": 0.98}},
+                                                                     bare)["problems"][0]
+    # The CPU build allocates no CUDA context: not checked.
+    assert lab_topology(groups, {"gpu1": {"vllm_gpu_memory_utilization": 1.0, "vllm_flavor": "cpu"}}, facts)["problems"] == []

@@ -54,7 +54,10 @@ CASES: dict[str, dict[str, Any]] = {
                   "gw01": {"ansible_host": "10.0.0.5"}},
         "groups": {"gpu_hosts": ["gpu01", "gpu02"], "gateway_hosts": ["gw01"], "monitoring_hosts": ["gw01"]},
         "vars": {"lab_vllm_gpu_memory_utilization": 0.85, "vllm_tensor_parallel_size": 2},
-        "facts": {h: {"processor_vcpus": 64, "gpu_numa_nodes": [0, 0, 1, 1], "numa_node_cpus": {"0": "0-31", "1": "32-63"}}
+        # H200s (labctl_gpu_facts' memory_total_mib): 0.85 of a tensor-parallel pair and 0.1 of an embedding model
+        # leave room for their engines' CUDA contexts on them (labctl.models), not on an 80 GB GPU.
+        "facts": {h: {"processor_vcpus": 64, "gpu_numa_nodes": [0, 0, 1, 1], "numa_node_cpus": {"0": "0-31", "1": "32-63"},
+                      "gpus": [{"index": i, "memory_total_mib": 143771} for i in range(4)]}
                   for h in ("gpu01", "gpu02")},
     },
 }
@@ -75,8 +78,10 @@ def _inventory(root: Path, case: dict[str, Any], extra: dict[str, Any] | None = 
 
 
 def _env() -> dict[str, str]:
+    # The vllm role's own filters too (labctl_gpu_start_order), as they are when the role runs.
     return dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-                ANSIBLE_NOCOLOR="1")
+                ANSIBLE_NOCOLOR="1",
+                ANSIBLE_FILTER_PLUGINS=f"{REPO / 'filter_plugins'}{os.pathsep}{REPO / 'roles' / 'vllm' / 'filter_plugins'}")
 
 
 def render(root: Path, case: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, str]:
@@ -156,6 +161,28 @@ def test_the_embedding_replica_runs_the_pooling_runner_in_its_share_of_gpu_0(two
     assert embed == [("gpu01", 100, "0", "https://10.0.0.11:8100"), ("gpu02", 100, "0", "https://10.0.0.12:8100")]
     assert [m["name"] for m in topology["models"]] == ["gpt-oss-120b", "tiny-embed"]
     assert topology["problems"] == []
+
+
+def test_the_replicas_of_a_shared_gpu_start_one_after_another_each_serving_first(two_models: dict[str, dict[str, str]]) -> None:
+    """Issue 39: GPU 0 holds chat replica 0 and the embedding replica 100. Replica 0 counts as started only
+    once it serves (ExecStartPost: the readiness wait on its own URL), replica 100 starts after it; chat
+    replica 1, alone on GPU 1, gets no drop-in and starts with replica 0 (a one-model lab renders none:
+    test_a_one_model_lab_renders_what_it_did_before_lab_models)."""
+    bench = two_models["bench"]
+    drop_ins = sorted(path for path in bench if path.endswith("labctl-gpu-order.conf"))
+    assert drop_ins == ["bench/vllm@0-labctl-gpu-order.conf", "bench/vllm@100-labctl-gpu-order.conf"]
+    first, second = (bench[path] for path in drop_ins)
+    settings = [line for line in first.splitlines() if line and not line.startswith("#")]
+    assert settings == ["[Service]",
+                        "ExecStartPost=+/opt/labctl/vllm/venv-test/bin/python /opt/labctl/vllm/labctl-vllm-ready http://127.0.0.1:18100"]
+    assert [line for line in second.splitlines() if line and not line.startswith("#")] == ["[Unit]", "After=vllm@0.service"]
+    # HTTPS replicas: the wait verifies the replica's certificate against the lab's CA.
+    two = two_models["two-hosts"]
+    # As root ("+"): the firewall lets only root, the gateway and Prometheus reach a replica's port.
+    assert ("ExecStartPost=+/opt/labctl/vllm/venv-test/bin/python /opt/labctl/vllm/labctl-vllm-ready https://10.0.0.11:8000 "
+            "/etc/labctl/tls/ca.crt") in two["gpu01/vllm@0-labctl-gpu-order.conf"]
+    assert "After=vllm@0.service" in two["gpu01/vllm@100-labctl-gpu-order.conf"]
+    assert not any(path.endswith("labctl-gpu-order.conf") for path in _golden("two-hosts"))
 
 
 def test_the_gateway_routes_each_name_to_its_own_models_replicas(two_models: dict[str, dict[str, str]]) -> None:

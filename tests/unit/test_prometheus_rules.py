@@ -41,6 +41,9 @@ ALERTS = {
     "GpuMetricsMissing", "ModelDiskNearlyFull", "LitellmFailureRateHigh", "LitellmDown",
     "ProvisioningRunFailed", "ProvisioningDriftDetected", "ProvisioningRunStale", "NodeExporterDown",
     "PrometheusTargetDown", "TlsCertificateExpiresSoon",
+    # The faults that look like hangs (issue 39), latched until an operator clears them.
+    "GpuDoubleBitEccError", "GpuRowRemapEvent", "GpuFallenOffBus", "GpuContainedError", "GpuGspTimeout",
+    "GpuUncorrectableEccErrors", "GpuRowRemapPending", "GpuRowRemapFailed",
 }
 
 

@@ -89,3 +89,40 @@ def test_a_refused_key_fails_at_once_and_is_never_printed(replica: str) -> None:
     assert run.returncode != 0 and time.monotonic() - started < 120, output[-2000:]
     assert "answered 401: the service refuses the API key it was given" in output, output[-2000:]
     assert wrong not in output
+
+
+@pytest.mark.parametrize(("state", "queued", "before", "now", "gives_up"), [
+    ("inactive", True, 0, 0, False),  # a start job queued, waiting for the replica before it on its GPU
+    ("inactive", False, 0, 0, True),  # stopped, nothing queued
+    ("activating", False, 0, 0, False),
+    ("failed", True, 0, 0, True),
+    ("activating", False, 0, 1, True),  # restarted itself
+])
+def test_an_inactive_unit_with_a_queued_start_is_still_starting(state: str, queued: bool, before: int, now: int,
+                                                                 gives_up: bool) -> None:
+    assert wait.gave_up(state, queued, before, now) is gives_up
+
+
+def test_the_wait_outlasts_a_start_job_queued_behind_another_unit(replica: str, tmp_path: Path) -> None:
+    """Issue 39: the replicas of a shared GPU start one after another (systemd: After= the one before it,
+    which counts as started once it serves). While the one before it starts, the next one's start job
+    waits: `systemctl show` says ActiveState=inactive with a Job (as systemd 252 does, molecule/gpu). The
+    wait must not take that for a stopped unit (before: "vllm@100.service is inactive ... while starting")."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "bin" / "systemctl"
+    fake.parent.mkdir()
+    # The first three reads: queued behind another unit; then running.
+    fake.write_text("#!/bin/sh\necho x >> " + str(calls) + "\nn=$(wc -l < " + str(calls) + ")\n"
+                    "if [ \"$n\" -le 3 ]; then printf 'ActiveState=inactive\\nNRestarts=0\\nMainPID=0\\nJob=128\\n'; "
+                    "else printf 'ActiveState=active\\nNRestarts=0\\nMainPID=4242\\nJob=\\n'; fi\n")
+    fake.chmod(0o755)
+    run = subprocess.run(
+        ["ansible", "localhost", "-m", "labctl_service_wait", "-a",
+         json.dumps({"unit": "vllm@100.service", "url": replica, "model_name": "tiny-llama-host-0",
+                     "api_key": KEY, "timeout": 60, "interval": 0.2})],
+        capture_output=True, text=True, timeout=300, check=False, cwd=REPO,
+        env={**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}",
+             "ANSIBLE_LIBRARY": str(REPO / "library"), "ANSIBLE_LOCALHOST_WARNING": "false"})
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-2000:]
+    assert calls.read_text().count("x") >= 2  # the state was read before and while polling

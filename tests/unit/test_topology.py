@@ -64,7 +64,9 @@ def test_all_in_one_host_listens_on_loopback() -> None:
 def test_three_hosts_flows_and_addresses() -> None:
     groups = {"lab": ["gw", "gpu1", "gpu2"], "gpu_hosts": ["gpu1", "gpu2"], "gateway_hosts": ["gw"], "monitoring_hosts": ["gw"]}
     hosts = {"gw": PROJECT, "gpu1": {**PROJECT, "vllm_max_num_seqs": 32}, "gpu2": {**PROJECT, "vllm_replicas": 1}}
-    facts = {"gw": _facts("10.0.0.1"), "gpu1": _facts("10.0.0.2", 2), "gpu2": _facts("10.0.0.3", 2)}
+    # Two HGX boards (NVSwitches): DCGM exporter, the bundle carrying it.
+    facts = {"gw": _facts("10.0.0.1"), "gpu1": {**_facts("10.0.0.2", 2), "gpu_nvswitch": True},
+             "gpu2": {**_facts("10.0.0.3", 2), "gpu_nvswitch": True}}
     topo = lab_topology(groups, hosts, facts, bundle_packages=list(topology.DCGM_PACKAGES))
     assert topo["problems"] == []
     assert [(r["host"], r["address"], r["port"], r["max_num_seqs"]) for r in topo["replicas"]] == [
@@ -76,6 +78,49 @@ def test_three_hosts_flows_and_addresses() -> None:
     assert flows[("gpu2", 9400)]["service"] == "dcgm-exporter" and flows[("gpu2", 9100)]["from"] == ["gw"]
     assert flows[("gw", 4000)]["from"] == ["clients", "gw"] and flows[("gw", 3000)]["from"] == ["clients"]
     assert topo["scrape"]["dcgm"] == [{"host": "gpu1", "target": "10.0.0.2:9400"}, {"host": "gpu2", "target": "10.0.0.3:9400"}]
+
+
+def test_dcgm_runs_where_the_gpus_sit_on_nvswitches_and_the_bundle_carries_it() -> None:
+    """Issue 39: auto picks DCGM exporter on an HGX board (NVSwitches: NVLink, NVSwitch and fabric
+    readings only DCGM gives) when the bundle carries DCGM 4 for CUDA 13 and its exporter; a PCIe
+    host (the lab's 2 x H200) keeps the nvidia-smi collector; the inventory forces either."""
+    groups = {"lab": ["gw", "hgx", "pcie"], "gpu_hosts": ["hgx", "pcie"], "gateway_hosts": ["gw"], "monitoring_hosts": ["gw"]}
+    facts = {"gw": _facts("10.0.0.1"), "hgx": {**_facts("10.0.0.2", 8), "gpu_nvswitch": True},
+             "pcie": {**_facts("10.0.0.3", 2), "gpu_nvswitch": False}}
+
+    def metrics(bundle: list[str] | None, **pcie: Any) -> dict[str, str]:
+        topo = lab_topology(groups, {"gw": PROJECT, "hgx": PROJECT, "pcie": {**PROJECT, **pcie}}, facts, bundle_packages=bundle)
+        assert topo["problems"] == [], topo["problems"]
+        return {h: e["exporters"]["gpu_metrics"] for h, e in topo["hosts"].items()}
+
+    assert metrics(list(topology.DCGM_PACKAGES)) == {"gw": "off", "hgx": "dcgm", "pcie": "textfile"}
+    # A bundle without DCGM for CUDA 13 (the core and the exporter only) does not run it.
+    assert metrics(["datacenter-gpu-manager-4-core", "datacenter-gpu-manager-exporter"])["hgx"] == "textfile"
+    assert metrics(None)["hgx"] == "textfile"
+    assert metrics(list(topology.DCGM_PACKAGES), node_exporter_gpu_source="dcgm")["pcie"] == "dcgm"
+    # The gateways read every GPU host's node_exporter (its GPU faults), the DCGM exporter only Prometheus.
+    topo = lab_topology(groups, {"gw": PROJECT, "hgx": PROJECT, "pcie": PROJECT}, facts, bundle_packages=list(topology.DCGM_PACKAGES))
+    flows = {(f["to"], f["service"]): f["from"] for f in topo["flows"]}
+    assert flows[("hgx", "node_exporter")] == ["gw"] and flows[("hgx", "dcgm-exporter")] == ["gw"]
+
+
+def test_a_gpu_hosts_node_exporter_is_reachable_from_the_gateways() -> None:
+    """The gateways read a GPU host's GPU faults from its node_exporter: with no monitoring host (or
+    Prometheus on the GPU host itself) it still listens beyond loopback when a gateway is elsewhere,
+    and the firewall's flows let that gateway in."""
+    facts = {"gw": _facts("10.0.0.1"), "gpu1": _facts("10.0.0.2", 2)}
+    for monitors in ([], ["gpu1"]):
+        groups = {"lab": ["gw", "gpu1"], "gpu_hosts": ["gpu1"], "gateway_hosts": ["gw"], "monitoring_hosts": monitors}
+        topo = lab_topology(groups, {"gw": PROJECT, "gpu1": PROJECT}, facts)
+        assert topo["problems"] == [], topo["problems"]
+        assert topo["hosts"]["gpu1"]["exporters"]["listen"] == "10.0.0.2"
+        assert topo["hosts"]["gw"]["exporters"]["listen"] == "127.0.0.1" if monitors == [] else True
+        node = next(f for f in topo["flows"] if f["to"] == "gpu1" and f["service"] == "node_exporter")
+        assert node["from"] == [*monitors, "gw"]
+    loopback = lab_topology({"lab": ["gw", "gpu1"], "gpu_hosts": ["gpu1"], "gateway_hosts": ["gw"], "monitoring_hosts": []},
+                            {"gw": PROJECT, "gpu1": {**PROJECT, "node_exporter_listen_address": "127.0.0.1"}}, facts)
+    assert loopback["problems"] == [("gpu1: its node_exporter listens on loopback only, out of reach of the gateway on gw, "
+                                     "which reads its GPU faults there: set node_exporter_listen_address")]
 
 
 def test_replicas_another_host_reaches_serve_https() -> None:

@@ -56,7 +56,8 @@ def test_two_services_on_one_port_are_a_problem_of_that_host() -> None:
     refused = _topology(gpu2={"vllm_replicas": 3, "lab_node_exporter_port": 8002})
     assert "gpu2: port clash: vLLM replica 2 (lab_vllm_base_port+2) and lab_node_exporter_port all use port 8002" in refused["problems"]
     # DCGM exporter's port counts where it runs.
-    dcgm = lab_topology(SPLIT, {h: {**PROJECT, "node_exporter_dcgm_port": 9100} for h in FACTS}, FACTS,
+    hgx = {h: {**f, "gpu_nvswitch": True} if h != "gw" else f for h, f in FACTS.items()}  # DCGM runs on NVSwitch boards
+    dcgm = lab_topology(SPLIT, {h: {**PROJECT, "node_exporter_dcgm_port": 9100} for h in FACTS}, hgx,
                         bundle_packages=list(topology.DCGM_PACKAGES))
     assert "gpu1: port clash: lab_node_exporter_port and node_exporter_dcgm_port all use port 9100" in dcgm["problems"]
     assert not any(p.startswith("gw: port clash") for p in dcgm["problems"])  # no GPU metrics there
@@ -89,13 +90,18 @@ def test_the_groups_a_role_takes_its_peers_from_resolve_in_the_topology() -> Non
 def test_the_settings_preflight_checks_are_resolved_once() -> None:
     topo = _topology(gpu1={"model_weights_revision": "r2", "tiktoken_cache_source_dir": "/srv/src",
                            "nvidia_driver_kernel_module_managed": False, "vllm_max_model_len": 4096,
-                           "lab_vllm_gpu_memory_utilization": 0.5, "firewall_control_node_address": "10.0.0.1"})
+                           "lab_vllm_gpu_memory_utilization": 0.5, "firewall_control_node_address": "10.0.0.1",
+                           "nvidia_driver_version": "580.95.05-1", "vllm_cuda_home": "/usr/local/cuda-13.0"})
     gpu1, gpu2 = topo["hosts"]["gpu1"], topo["hosts"]["gpu2"]
     assert gpu1["artifacts"] == {"model_name": "gpt-oss-120b", "model_revision": "r2", "model_root": "/srv/models",
                                  "model_source": "bundle", "tiktoken_encodings": ["o200k_base", "cl100k_base"],
                                  "tiktoken_source_dir": "/srv/src"}
     assert gpu2["artifacts"]["model_revision"] == "r1" and gpu2["artifacts"]["tiktoken_source_dir"] is None
-    assert gpu1["driver"] == {"kernel_module_managed": False, "install_kernel_headers": True, "secure_boot_key": ""}
+    assert gpu1["driver"] == {"kernel_module_managed": False, "install_kernel_headers": True, "secure_boot_key": "",
+                              "driver_version": "580.95.05-1"}
+    # What preflight checks of the replicas' CUDA line (roles/preflight/filter_plugins/preflight_cuda.py).
+    assert gpu1["serving"] == {"flavor": "cuda", "cuda_home": "/usr/local/cuda-13.0"}
+    assert gpu2["serving"] == {"flavor": "cuda", "cuda_home": ""} and gpu2["driver"]["driver_version"] == ""
     assert gpu1["plan_inputs"] == {"vllm_max_model_len": 4096, "lab_vllm_gpu_memory_utilization": 0.5}
     assert (gpu1["control_node_address"], gpu2["control_node_address"]) == ("10.0.0.1", "")
 

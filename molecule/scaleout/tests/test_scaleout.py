@@ -146,6 +146,16 @@ def _all_up(targets: list[dict]) -> bool:
     return len(targets) > 0 and all(t["health"] == "up" for t in targets)
 
 
+def test_gpu_hosts_booted_their_kernel_with_the_driver_dkms_built():
+    """The first converge installed the driver on the GPU hosts' stub kernel (prepare.yml): DKMS built
+    its modules, the GPU layer rebooted each host into them, and the boot double loaded them."""
+    for name in GPU_HOSTS:
+        boot = _docker("exec", name, "cat", "/run/labctl-test/boot.log")
+        assert _docker("exec", name, "cat", "/run/labctl-test/osrelease").strip() == "6.1.0-56-amd64", boot
+        assert _docker("exec", name, "cat", "/run/nvidia-smi-stub/loaded-version").strip() == "580.95.05", boot
+        assert _docker("exec", name, "modinfo", "-k", "6.1.0-56-amd64", "-F", "version", "nvidia").strip() == "580.95.05"
+
+
 def test_replicas_and_exporters_listen_on_the_internal_address_only():
     for name in GPU_HOSTS:
         for port in (8000, 8001, 9100):
@@ -517,8 +527,10 @@ def _boot(name: str) -> str:
 def test_gpu_hosts_reboot_into_a_new_driver_one_at_a_time_each_drained_first():
     """Last (it leaves both GPU hosts on the newer driver). A driver upgrade with reboots allowed,
     as docs/runbooks/driver-upgrade.md runs it, while requests flow through the gateway:
-    playbooks/gpu.yml installs 580.105.08 on both hosts (kernel modules managed: the change waits
-    for a reboot), then its reboot play takes one host at a time: its replicas leave the gateway's
+    playbooks/gpu.yml installs 580.105.08 on both hosts (kernel modules managed: DKMS builds the
+    new modules for the kernel the host boots, prepare.yml's stub kernel with its headers, and the
+    change waits for a reboot), then its reboot play checks that kernel has them and takes one host
+    at a time: its replicas leave the gateway's
     rotation (drain markers) and finish, the host reboots (systemctl reboot; the container's
     restart policy boots it again with a fresh /run), the driver is verified, the replicas serve and
     return, and only then the next host goes. A watcher on the gateway host samples every
@@ -529,7 +541,6 @@ def test_gpu_hosts_reboot_into_a_new_driver_one_at_a_time_each_drained_first():
     newer = "580.105.08-1"
     boots = {h: _boot(h) for h in GPU_HOSTS}
     cmd = ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(REPO / "playbooks" / "gpu.yml"),
-           "-e", "nvidia_driver_kernel_module_managed=true", "-e", "nvidia_driver_install_kernel_headers=false",
            "-e", f"nvidia_driver_version={newer}", "-e", "nvidia_driver_reboot_allowed=true"]
     with _watched("reboot") as seen:
         started = time.time()
@@ -554,6 +565,9 @@ def test_gpu_hosts_reboot_into_a_new_driver_one_at_a_time_each_drained_first():
     assert all(_boot(h) != boots[h] for h in GPU_HOSTS), boots
     for h in GPU_HOSTS:
         assert _docker("exec", h, "dpkg-query", "-W", "-f=${Version}", "nvidia-driver-cuda") == newer
+        # The boot double loaded the module DKMS built for the kernel it booted (tests/fixtures/kernel-repo).
+        assert _docker("exec", h, "cat", "/run/nvidia-smi-stub/loaded-version").strip() == newer.split("-")[0], (
+            _docker("exec", h, "cat", "/run/labctl-test/boot.log"))
         assert subprocess.run(["docker", "exec", h, "test", "-e", "/run/labctl/nvidia-driver-reboot-required"],
                               check=False).returncode == 1
     assert run.stdout.count("driver 580.105.08 on every GPU") == 2, run.stdout[-4000:]
@@ -592,6 +606,9 @@ def _patch(bundle: Path, state: Path) -> tuple[subprocess.CompletedProcess[str],
     return run, reports, summary
 
 
+# 11 minutes of a 2-core machine (a bundle build against Debian's security archive, two `labctl patch` runs
+# over three hosts, a GPU host rebooted): `make test-scaleout`, not make test's scaleout job.
+@pytest.mark.extended
 def test_security_updates_patch_one_host_at_a_time_each_drained_first(tmp_path: Path) -> None:
     """Last. docs/runbooks/offline-bundle.md, "Patching an air-gapped lab", as an operator runs it:
     each host's dpkg status is copied to the control node, `labctl bundle build --updates-from`

@@ -10,7 +10,7 @@ model, and moved to the chat model keeps its key; removing a model a key still n
 before anything changes, and `labctl keys` still works then; labctl smoke and rolling-restart
 --model touch that model's replicas only; Prometheus labels every replica with its model and a
 dashboard query answers per model; removing the model again stops its replica and leaves the chat
-replicas and the gateway running."""
+replicas and the gateway running, and no down alert fires for it (Prometheus forgets it first)."""
 
 from __future__ import annotations
 
@@ -198,6 +198,7 @@ def test_an_embedding_model_beside_the_chat_model_added_used_and_removed(host):
         # still limited to the model would stop the run (the topology's problem, before anything changes).
         _keys("revoke", "retrieval")  # refused (exit 2) when it was never made or is revoked already
         MODELS_FILE.unlink(missing_ok=True)
+        removal_started = time.time()
         removed = _site(*flags)
 
     # Its replica stops, the chat replicas keep running, the gateway (reloaded, not restarted) no longer serves it.
@@ -207,6 +208,20 @@ def test_an_embedding_model_beside_the_chat_model_added_used_and_removed(host):
     assert not host.service("vllm@100").is_running and not host.service("vllm@100").is_enabled
     gone = _sdk(host, "master")
     assert gone["chat"]["status"] == 200 and gone["embed"]["status"] in (400, 404), gone
+    # Prometheus stopped scraping the replica before it stopped (playbooks/serving.yml, the prometheus role's
+    # forget_targets): no down alert, pending or firing, for it or its model at any rule evaluation of the
+    # removal run (ALERTS holds a sample per evaluation of an active alert). Before, the replica stopped in
+    # the serving layer and was scraped as down until the monitoring layer reloaded Prometheus: minutes on a
+    # slow machine, and both alerts were still firing when test_stack_monitoring's rules test ran.
+    window = int(time.time() - removal_started)
+    alerts = _prom(host, f'max_over_time(ALERTS{{alertname=~"VllmReplicaDown|VllmModelDown"}}[{window}s])')
+    removed_alerts = [a["metric"] for a in alerts if a["metric"].get("replica") == "100" or a["metric"].get("model") == EMBED]
+    _report(models_remove={"seconds": window, "down_alerts": removed_alerts})
+    assert removed_alerts == [], removed_alerts
+    assert _prom(host, 'up{job="vllm", replica="100"} == 0') == []
+    scraped = json.loads(_py(host, f"import urllib.request; print(urllib.request.urlopen({PROM + '/api/v1/targets'!r}, "
+                                   "timeout=30).read().decode())"))["data"]["activeTargets"]
+    assert sorted(t["labels"].get("replica", "") for t in scraped if t["labels"]["job"] == "vllm") == ["0", "1"]
 
 
 def test_the_models_file_is_gone():

@@ -197,9 +197,27 @@ def labctl_virtual_key_updates(lookups: list[dict[str, Any]], classes: list[dict
     return updates
 
 
+def labctl_gpu_health(endpoints: list[dict[str, Any]], topology: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each replica's GPUs and where its host's GPU fault latch is read (issue 39), by api_base (the
+    deployment's, config.yaml): the host's node_exporter, textfile collector only (labctl_gpu_fault,
+    labctl-node-metrics). A host without an exporter port is left out (its faults cannot be read)."""
+    out: dict[str, dict[str, Any]] = {}
+    for ep in endpoints:
+        exporters = ((topology.get("hosts") or {}).get(ep.get("host")) or {}).get("exporters") or {}
+        listen, port = str(exporters.get("listen") or ""), int(exporters.get("node_port") or 0)
+        if not listen or not port:
+            continue
+        netloc = f"[{listen}]:{port}" if ":" in listen else f"{listen}:{port}"
+        out[f"{ep['url']}/v1"] = {"url": f"http://{netloc}/metrics?collect%5B%5D=textfile",
+                                  "gpus": [g.strip() for g in str(ep.get("gpus", "")).split(",") if g.strip()],
+                                  "host": str(ep.get("host", ""))}
+    return out
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
+            "labctl_gpu_health": labctl_gpu_health,
             "labctl_app_keys_doc": labctl_app_keys_doc,
             "labctl_new_key_problem": labctl_new_key_problem,
             "labctl_virtual_key_request": labctl_virtual_key_request,

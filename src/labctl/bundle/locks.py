@@ -35,6 +35,7 @@ from typing import Any
 from packaging.markers import InvalidMarker, default_environment
 from packaging.requirements import InvalidRequirement, Requirement
 
+from labctl.bundle.cuda_line import cuda_line_problems
 from labctl.bundle.errors import BuildError
 from labctl.bundle.kernels import kernel_wheel_problems
 from labctl.bundle.wheels import parse_wheel_name, pip_download, pip_report
@@ -255,7 +256,10 @@ def make_lock(profile: LoadedProfile, cache: Path, name: str, spec: WheelSet, se
     added: dict[str, str] = {}
     for _ in range(5):
         req.write_text("\n".join([*spec.requirements, *added.values()]) + "\n", encoding="utf-8")
-        items = pip_report(req, target.python, target.abi, target.platforms, set_args, what=what)
+        try:
+            items = pip_report(req, target.python, target.abi, target.platforms, set_args, what=what)
+        except BuildError as exc:
+            raise BuildError(f"{exc}{_unserved(spec, str(exc), read_page)}") from exc
         unmet = {project: line for project, line in unmet_on_target(profile, items).items() if project not in spec.exclude}
         if not unmet:
             break
@@ -268,6 +272,7 @@ def make_lock(profile: LoadedProfile, cache: Path, name: str, spec: WheelSet, se
     unknown = [project for project in spec.exclude if project not in names]
     if unknown:
         raise BuildError(f"{what}.exclude: {', '.join(unknown)} not in the resolution of {' '.join(spec.requirements)}")
+    check_public_pins(what, spec, items)
     pins = []
     for item in items:
         project = normalize(item["metadata"]["name"])
@@ -281,9 +286,61 @@ def make_lock(profile: LoadedProfile, cache: Path, name: str, spec: WheelSet, se
     return sorted(pins, key=lambda p: p.name)
 
 
+_NOT_FOUND = re.compile(r"(?:satisfies the requirement|distribution found for) (?P<req>\S+)")
+
+
+def _unserved(spec: WheelSet, error: str, read_page: PageReader) -> str:
+    """Why a pinned requirement pip found nowhere is missing, per extra index of the set: unreachable
+    (a variant whose index this machine cannot reach), or reachable without that file."""
+    match = _NOT_FOUND.search(error)
+    if not match or not spec.extra_index_urls:
+        return ""
+    try:
+        req = Requirement(match["req"])
+    except InvalidRequirement:
+        return ""
+    pinned = [s.version for s in req.specifier if s.operator == "=="]
+    why = []
+    for index in spec.extra_index_urls:
+        try:
+            files = read_page(index, normalize(req.name))
+        except BuildError as exc:
+            why.append(f"{index} is unreachable ({exc})")
+            continue
+        versions = {parse_wheel_name(name).version for name in files or {} if name.endswith(".whl")}
+        if not files or (pinned and pinned[0] not in versions):
+            why.append(f"{index} does not serve {req.name}{req.specifier}")
+    return f" ({match['req']}: {'; '.join(why)})" if why else ""
+
+
+def check_public_pins(what: str, spec: WheelSet, items: list[dict[str, Any]]) -> None:
+    """A requirement pinned to a public version (torch==2.13.0) takes exactly that build. PEP 440 lets
+    ``==2.13.0`` match a local build (2.13.0+cpu), so a CPU build in a find-links directory of the
+    machine's pip configuration would otherwise be locked for a GPU lab."""
+    resolved = {normalize(item["metadata"]["name"]): item for item in items}
+    for line in spec.requirements:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement:
+            continue
+        specs = list(req.specifier)
+        if len(specs) != 1 or specs[0].operator != "==" or "+" in specs[0].version or "*" in specs[0].version:
+            continue
+        item = resolved.get(normalize(req.name))
+        version = str(item["metadata"]["version"]) if item else ""
+        if "+" in version:
+            where = (item or {}).get("download_info", {}).get("url", "?")
+            raise BuildError(
+                f"{what}: {line} resolved to the local build {req.name} {version} ({where}), not the public {specs[0].version}: "
+                f"pin the build you mean ({req.name}=={version}), or keep that file out of pip's configuration "
+                "(find-links, extra indexes) while locking")
+
+
 def check_kernel_wheels(what: str, pins: list[Pin]) -> None:
-    """Refuse FlashInfer kernel wheels of another version than its flashinfer-python (kernels.py)."""
-    problems = kernel_wheel_problems({pin.name: pin.version for pin in pins})
+    """Refuse FlashInfer kernel wheels of another version than its flashinfer-python (kernels.py), and a
+    compiler of another CUDA major than torch's (cuda_line.py)."""
+    versions = {pin.name: pin.version for pin in pins}
+    problems = kernel_wheel_problems(versions) + cuda_line_problems(versions)
     if problems:
         raise BuildError(f"{what}: {'; '.join(problems)}")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from labctl.bundle import cuda_line
 from labctl.bundle.errors import BuildError
 from labctl.bundle.locks import download_locked, lock_path, read_lock
 from labctl.bundle.staging import Staging
@@ -186,5 +187,7 @@ def collect_wheels(profile: LoadedProfile, cache: Path, staging: Staging) -> Whe
                 {"name": normalize(wheel.name), "version": wheel.version}
                 for wheel, _ in sorted(pinned, key=lambda item: normalize(item[0].name))
             ],
+            # torch's CUDA and the compiler's (cuda_line.py): what preflight compares with the lab.
+            "cuda": cuda_line.line({normalize(wheel.name): wheel.version for wheel, _ in pinned}),
         }
     return result

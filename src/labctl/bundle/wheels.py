@@ -114,6 +114,15 @@ def pip_download(
     return files
 
 
+def _short_versions(error: str) -> str:
+    """pip's "(from versions: a, b, ... z)" cut to its newest few."""
+    def cut(match: re.Match[str]) -> str:
+        versions = [v.strip() for v in match.group(1).split(",")]
+        return f"(from versions: {'..., ' if len(versions) > 4 else ''}{', '.join(versions[-4:])})"
+
+    return re.sub(r"\(from versions: ([^)]*)\)", cut, error)
+
+
 def pip_report(
     requirements: Path,
     python: str,
@@ -136,7 +145,10 @@ def pip_report(
         if proc.returncode != 0:
             lines = (proc.stdout + proc.stderr).splitlines()
             errors = [line.strip() for line in lines if line.startswith("ERROR:")] or lines[-1:] or [f"exit {proc.returncode}"]
-            raise BuildError(f"{what}: pip could not resolve the set: {errors[0]}")
+            # pip lists yanked versions it passed over as an error line first: the requirement it could
+            # not satisfy is the one to name.
+            errors = [e for e in errors if not e.startswith("ERROR: Ignored the following")] or errors
+            raise BuildError(f"{what}: pip could not resolve the set: {_short_versions(errors[0])}")
         data = json.loads(report.read_text(encoding="utf-8"))
     items: list[dict[str, Any]] = data.get("install", [])
     return items

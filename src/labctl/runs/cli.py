@@ -211,6 +211,29 @@ def patch(
     _execute_and_exit(request)
 
 
+def gpu_clear(
+    inventory: Inventory,
+    host: Annotated[str, typer.Option("--host", help="The GPU host (its inventory name).")],
+    gpu: Annotated[str, typer.Option("--gpu", help="The GPU: its index, UUID or PCI bus id.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why it may serve again (the repair, a ticket); recorded.")],
+    extra_vars: ExtraVars = None,
+    vault_password_file: VaultFile = None,
+    verbose: Verbose = 0,
+    json_output: JsonOut = False,
+    keep_days: KeepDays = 30,
+) -> None:
+    """Clear a GPU's latched fault (Xid 48/63/79/94/119, uncorrectable ECC errors, row remapping)
+    once it is repaired: the gateways take its replicas back. Refused while the GPU still reports
+    it; the run and the reason are recorded (docs/runbooks/monitoring.md, "GPU faults")."""
+    if not reason.strip():
+        raise _fail("--reason must say why the GPU may serve again")
+    request = build_request("gpu-clear", inventory, Path("playbooks/gpu-clear.yml"), None, None, False, False,
+                            extra_vars, json_output, keep_days, vault_password_file, verbose)
+    request.extra_vars.update(labctl_gpu_clear_host=host, labctl_gpu_clear_gpu=gpu, labctl_gpu_clear_reason=reason,
+                              labctl_gpu_clear_operator=os.environ.get("SUDO_USER") or os.environ.get("USER") or "unknown")
+    _execute_and_exit(request)
+
+
 def execute_quiet(request: RunRequest) -> tuple[int, Any]:
     """execute() with its JSON event lines kept off stdout (smoke prints its own table)."""
     with contextlib.redirect_stdout(io.StringIO()):

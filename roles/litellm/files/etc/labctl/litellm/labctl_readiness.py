@@ -7,6 +7,12 @@ in the listen backlog. This callback keeps, in each worker, the readiness of eve
 its /health, polled every INTERVAL seconds - and the drain markers the rolling restart writes
 (vllm role), and leaves only the ready replicas among a request's candidates. When none is
 ready it leaves them all: a probe is never the cause of an outage.
+
+One exception (issue 39): a replica whose GPU reports a fault that looks like a hang (Xid 48, 63,
+79, 94, 119, uncorrectable ECC errors, row remapping pending or failed) is left out even when it is
+the last one: its host's labctl-node-metrics latches the fault (labctl_gpu_fault, read every
+GPU_HEALTH_INTERVAL seconds from the host's node_exporter) until an operator clears it with
+`labctl gpu-clear`. A GPU host that cannot be read keeps the faults last read (none, after a restart).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import asyncio
 import functools
 import logging
 import os
+import re
 import ssl
 import time
 from pathlib import Path
@@ -35,6 +42,12 @@ CA_FILE = str(_SETTINGS["ca_file"])
 # A replica that answered before is dropped after this many probes in a row without an answer
 # (a busy event loop may miss one); a refused connection or a non-200 drops it at once.
 SILENT_PROBES = 2
+# Each replica's GPUs and where its host's GPU fault latch is read (api_base -> {"url", "gpus"}):
+# node_exporter's textfile collector on the replica's host (the litellm role, from the topology).
+GPU_HEALTH: dict[str, dict[str, Any]] = dict(_SETTINGS.get("gpu_health") or {})
+GPU_HEALTH_INTERVAL = float(_SETTINGS.get("gpu_health_interval", 15))
+_FAULT_LINE = re.compile(r'^labctl_gpu_fault\{(.*)\} (\S+)$')
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 log = logging.getLogger("labctl.readiness")
 if not log.handlers:  # the journal gets each change of a replica's readiness, once per worker
@@ -82,6 +95,44 @@ async def probe(api_base: str, timeout: float = TIMEOUT) -> str:
     return "ok" if len(fields) >= 2 and fields[1] == b"200" else "down"
 
 
+def gpu_faults(text: str) -> dict[str, list[str]]:
+    """GPU index -> latched faults, from the labctl_gpu_fault samples of a node_exporter answer."""
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        match = _FAULT_LINE.match(line.strip())
+        if not match or match.group(2) in ("0", "0.0"):
+            continue
+        labels = dict(_LABEL.findall(match.group(1)))
+        found.setdefault(labels.get("gpu", ""), []).append(labels.get("fault", "fault"))
+    return {gpu: sorted(set(faults)) for gpu, faults in found.items()}
+
+
+async def _get(url: str) -> bytes:
+    """The body of a plain-HTTP GET (node_exporter), which must answer 200."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+    try:
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        writer.write(f"GET {target} HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode())
+        await writer.drain()
+        answer = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    fields = head.split(b"\r\n", 1)[0].split()
+    if len(fields) < 2 or fields[1] != b"200":
+        raise OSError(f"{url}: {head.splitlines()[0] if head else b'no answer'!r}")
+    return body
+
+
+async def read_faults(url: str, timeout: float = TIMEOUT) -> dict[str, list[str]] | None:
+    """The latched faults a GPU host's node_exporter shows, None when it cannot be read."""
+    try:
+        return gpu_faults((await asyncio.wait_for(_get(url), timeout)).decode(errors="replace"))
+    except (asyncio.TimeoutError, OSError, ValueError):
+        return None
+
+
 def drained(served_name: str, now: float, drain_dir: str = DRAIN_DIR) -> bool:
     """A marker <drain_dir>/<served name> holding an expiry time (epoch seconds) still ahead."""
     try:
@@ -92,12 +143,38 @@ def drained(served_name: str, now: float, drain_dir: str = DRAIN_DIR) -> bool:
 
 
 class Readiness(CustomLogger):
-    def __init__(self, interval: float = INTERVAL, timeout: float = TIMEOUT, drain_dir: str = DRAIN_DIR) -> None:
+    def __init__(self, interval: float = INTERVAL, timeout: float = TIMEOUT, drain_dir: str = DRAIN_DIR,
+                 gpu_health: dict[str, dict[str, Any]] | None = None, gpu_health_interval: float = GPU_HEALTH_INTERVAL) -> None:
         super().__init__()
         self.interval, self.timeout, self.drain_dir = interval, timeout, drain_dir
         self.ready: dict[str, bool] = {}
         self.silent: dict[str, int] = {}
         self.task: asyncio.Task[None] | None = None
+        self.gpu_health = GPU_HEALTH if gpu_health is None else gpu_health
+        self.gpu_health_interval = gpu_health_interval
+        # node_exporter URL -> GPU index -> latched faults (the last answer); when each was read.
+        self.faults: dict[str, dict[str, list[str]]] = {}
+        self.faults_read: float = 0.0
+        self.out: dict[str, str] = {}  # api_base -> why it is out of the rotation (logged once)
+
+    async def refresh_faults(self, urls: list[str]) -> None:
+        results = await asyncio.gather(*(read_faults(url, self.timeout) for url in urls))
+        for url, result in zip(urls, results, strict=True):
+            if result is not None:
+                self.faults[url] = result
+            elif url not in self.faults:
+                log.warning("GPU faults of %s cannot be read: its replicas are routed as if it had none", url)
+                self.faults[url] = {}
+        self.faults_read = time.monotonic()
+
+    def gpu_fault(self, base: str) -> str:
+        """Why a replica's GPU keeps it out ("GPU 1 reports xid79"), or "" when none does."""
+        health = self.gpu_health.get(base)
+        if not health:
+            return ""
+        latched = self.faults.get(str(health.get("url")), {})
+        found = [f"GPU {gpu} reports {', '.join(latched[str(gpu)])}" for gpu in health.get("gpus") or [] if latched.get(str(gpu))]
+        return "; ".join(found)
 
     async def refresh(self, bases: list[str]) -> None:
         results = await asyncio.gather(*(probe(base, self.timeout) for base in bases))
@@ -118,6 +195,8 @@ class Readiness(CustomLogger):
             await asyncio.sleep(self.interval)
             try:
                 await self.refresh(list(self.ready))
+                if self.faults and time.monotonic() - self.faults_read >= self.gpu_health_interval:
+                    await self.refresh_faults(list(self.faults))
             except Exception:  # keep polling whatever one round did
                 log.exception("readiness probe round failed")
 
@@ -135,11 +214,27 @@ class Readiness(CustomLogger):
         unknown = [base for base in bases if base and base not in self.ready]
         if unknown:
             await self.refresh(unknown)
+        urls = sorted({str(self.gpu_health[b]["url"]) for b in bases if b in self.gpu_health} - set(self.faults))
+        if urls:
+            await self.refresh_faults(urls)
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self.poll())
         now = time.time()
-        ready = [d for d in healthy_deployments if self.is_ready(d, now)]
-        return ready or healthy_deployments
+        # A replica on a faulted GPU never gets a request, not even as the last one left.
+        usable = []
+        for d in healthy_deployments:
+            base = str((d.get("litellm_params") or {}).get("api_base") or "")
+            why = self.gpu_fault(base)
+            if why != self.out.get(base, ""):
+                if why:
+                    log.warning("replica %s leaves the rotation until `labctl gpu-clear`: %s", base, why)
+                else:
+                    log.warning("replica %s: its GPU fault was cleared", base)
+                self.out[base] = why
+            if not why:
+                usable.append(d)
+        ready = [d for d in usable if self.is_ready(d, now)]
+        return ready or usable
 
 
 readiness = Readiness()
