@@ -179,7 +179,10 @@ def test_shipped_lab_profile() -> None:
     assert (lab.prisma.cli_version, lab.prisma.engine_commit) == (CLI_VERSION, COMMIT)
     assert lab.prisma.platforms == [PLATFORM]  # Ubuntu 24.04: OpenSSL 3.0
     assert lab.prisma.mirror == "https://binaries.prisma.sh"
-    assert lab.prisma.optional is False
+    # Optional (issue 39): no registry reachable where the repository's locks are made serves the 5.17
+    # engines, so no prisma.json is committed; the profile says why, and the build records Prisma absent.
+    assert lab.prisma.optional is True
+    assert not (Path(__file__).parents[2] / "profiles/locks/lab/ubuntu-24.04/prisma.json").exists()
     assert lab.apt.groups["database"].packages == ["nodejs"]
     litellm = lab.wheels.sets["litellm"].requirements
     assert "prisma==0.15.0" in litellm and "litellm[proxy]==1.106.0" in litellm

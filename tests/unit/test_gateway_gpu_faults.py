@@ -71,10 +71,10 @@ def _exporter(port: int, body: str) -> Iterator[type[_Exporter]]:
 
 def test_no_request_reaches_a_replica_on_a_faulted_gpu_until_the_fault_is_cleared(tmp_path: Path) -> None:
     faulted, cleared = _textfile(tmp_path / "faulted", XID79), _textfile(tmp_path / "cleared", "")
-    latched = re.findall(r'^labctl_gpu_fault\{(.*)\} 1$', faulted, re.M)
+    latched = re.findall(r'^labctl_gpu_fault\{(.*)\} 1$', faulted, re.MULTILINE)
     assert len(latched) == 1 and 'fault="xid79"' in latched[0] and 'gpu="0"' in latched[0], latched
     # A healthy host publishes every fault of every GPU at 0 (the series exist; the gateway reads only 1).
-    assert 'fault="xid79"} 0' in cleared and not re.search(r"^labctl_gpu_fault\{.*\} 1$", cleared, re.M)
+    assert 'fault="xid79"} 0' in cleared and not re.search(r"^labctl_gpu_fault\{.*\} 1$", cleared, re.MULTILINE)
     port = free_port()
     variables = {"lab_node_exporter_port": port, "litellm_readiness_gpu_health_interval": 1.0, "litellm_num_workers": 1}
     with _exporter(port, faulted) as node, running_gateway(tmp_path / "gw", variables) as gw:

@@ -7,8 +7,8 @@ reason and who), and labctl_gpu_faults.prom is rewritten at once; a second clear
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +74,7 @@ def test_a_clear_is_refused_while_the_gpu_reports_the_fault_then_recorded(lab: d
     assert (record["gpu"], record["faults"].keys() == {"row_remap_pending"}, record["reason"], record["operator"]) == (
         "1", True, reason, "alice")
     published = (lab["textfile"] / "labctl_gpu_faults.prom").read_text()  # published at once: every fault 0
-    assert 'fault="row_remap_pending"} 0' in published and not re.search(r"^labctl_gpu_fault\{.*\} 1$", published, re.M)
+    assert 'fault="row_remap_pending"} 0' in published and not re.search(r"^labctl_gpu_fault\{.*\} 1$", published, re.MULTILINE)
     runs = RecordStore(lab["state"]).latest(10)
     assert [r.argv[:2] for r in runs[:1]] == [["labctl", "gpu-clear"]] and reason in " ".join(runs[0].argv)
 

