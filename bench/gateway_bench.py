@@ -191,6 +191,9 @@ def start_gateway(cfg: dict[str, Any], workers: int, rundir: Path, callbacks: Pa
     write_callback(rundir, "labctl_guard")
     # The role's readiness routing callback, with the role's defaults (drain markers under rundir).
     write_callback(rundir, "labctl_readiness", readiness_settings(rundir / "drain"))
+    # The role's route filter (config.yaml lists it without the admin UI), with the role's closed routes.
+    defaults = yaml.safe_load((REPO / "roles" / "litellm" / "defaults" / "main.yml").read_text())
+    write_callback(rundir, "labctl_routes", {"closed": defaults["litellm_closed_routes"]})
     prom = rundir / "prometheus"
     shutil.rmtree(prom, ignore_errors=True)
     prom.mkdir(parents=True)
