@@ -186,6 +186,61 @@ def test_a_revoked_key_is_refused_from_the_next_request_without_a_restart(host, 
     assert host.check_output("systemctl show -p MainPID --value litellm") == pid
 
 
+def test_a_revocation_goes_through_a_bad_record_in_the_store(host, keys):
+    """Issue 40 item 1, end to end: `labctl keys add --model` with a model the lab does not serve is
+    refused before the store changes; a record the gateway cannot use (as the old `labctl keys add
+    --model no-such-model` saved it) does not stop `labctl keys revoke`: the run fails naming the bad
+    key outside no_log, the revoked key gets 401 on the next request, the other keys keep working;
+    revoking the bad record makes pushes pass again."""
+    refused = _labctl("add", "app2", "--class", "batch", "--model", "no-such-model")
+    assert refused.returncode == 2 and "no-such-model" in refused.stderr, refused.stdout[-1000:] + refused.stderr[-1000:]
+    assert "app2" not in STORE.read_text()
+    victim = _add("victim", "interactive")
+    assert [r["code"] for r in _send(host, victim)] == [200]
+    store = json.loads(STORE.read_text())
+    store["keys"].append({"name": "broken", "class": "batch", "sha256": "0" * 64,
+                          "created": "2026-12-07T00:00:00+00:00", "models": ["no-such-model"]})
+    STORE.write_text(json.dumps(store))  # written in place: still 0600
+    revoked = _labctl("revoke", "victim")
+    out = revoked.stdout + revoked.stderr
+    assert revoked.returncode != 0 and "key broken: models ['no-such-model']" in out, out[-2000:]
+    assert [r["code"] for r in _send(host, victim, count=2)] == [401, 401]
+    assert [r["code"] for r in _send(host, keys["nightly"], PUBLIC + "-batch")] == [200]
+    fixed = _labctl("revoke", "broken")
+    assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-2000:]
+
+
+# Inside the target: GET each path without a key, N times (the proxy's workers take turns); prints the statuses.
+_OPEN = r"""
+import json, ssl, sys, urllib.error, urllib.request
+CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")
+n, paths = int(sys.argv[1]), sys.argv[2:]
+out = {}
+for path in paths:
+    for _ in range(n):
+        try:
+            with urllib.request.urlopen("https://127.0.0.1:4000" + path, timeout=60, context=CTX) as r:
+                r.read(); code = r.status
+        except urllib.error.HTTPError as e:
+            e.read(); code = e.code
+        out.setdefault(path, []).append(code)
+print(json.dumps(out))
+"""
+
+
+def test_routes_that_need_not_answer_without_a_key_are_closed_on_every_worker(host):
+    """Issue 40 item 9 on the stack's proxy (two workers, HTTPS): LiteLLM's docs, UI and public helpers
+    answer 404 without a key, every time; the health checks keep answering (docs/security.md)."""
+    closed = ["/openapi.json", "/docs", "/redoc", "/ui/", "/get_image", "/.well-known/litellm-ui-config",
+              "/public/litellm_model_cost_map"]
+    container = host.check_output("hostname")
+    run = subprocess.run(["docker", "exec", "-i", container, "python3", "-c", _OPEN, "6", *closed, "/health/liveliness"],
+                         capture_output=True, text=True, timeout=600, check=True)
+    codes = json.loads(run.stdout)
+    assert {p: sorted(set(c)) for p, c in codes.items() if p in closed} == {p: [404] for p in closed}, codes
+    assert codes["/health/liveliness"] == [200] * 6, codes
+
+
 # Inside the target: the gateway's key file without one key, replaced in one rename as Ansible's
 # template does (same owner, group and mode): what `labctl keys revoke`'s push does to the gateway.
 _DROP_KEY = r"""
