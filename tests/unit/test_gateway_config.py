@@ -161,10 +161,15 @@ def test_callbacks_out_writes_the_plain_callbacks_beside_their_rendered_settings
     assert result.exit_code == 0, result.output
     files = REPO / "roles" / "litellm" / "files" / "etc" / "labctl" / "litellm"
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [p.name for p in files.glob("*.py")] + ["labctl_admission.yaml", "labctl_auth.yaml", "labctl_readiness.yaml", "labctl_routes.yaml"])
+        [p.name for p in files.glob("*.py")] + ["labctl_admission.yaml", "labctl_auth.yaml", "labctl_guard.yaml",
+                                                "labctl_readiness.yaml", "labctl_routes.yaml"])
     for callback in files.glob("*.py"):
         assert (out / callback.name).read_bytes() == callback.read_bytes(), callback.name
     gate = yaml.safe_load((out / "labctl_admission.yaml").read_text())
     config = yaml.safe_load(result.stdout)
     classes = {d["model_name"]: d["litellm_params"]["extra_body"]["priority"] for d in config["model_list"]}
     assert gate["classes"] == classes and gate["slots"] == 48 and gate["max_hold"] > gate["timeout"]
+    # The guard: the model API's routes exactly, and each public name's logprobs limits (issue 40).
+    guard = yaml.safe_load((out / "labctl_guard.yaml").read_text())
+    assert "/v1/chat/completions" in guard["routes"] and "/v1/model/info" not in guard["routes"]
+    assert guard["logprobs"] == {name: {"top_logprobs": 5, "prompt_logprobs": None} for name in classes}
