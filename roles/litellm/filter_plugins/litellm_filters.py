@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any
 
+import yaml
 from ansible.errors import AnsibleFilterError
 
 from labctl.keys import key_models, public_names
@@ -226,6 +229,56 @@ def labctl_gpu_health(endpoints: list[dict[str, Any]], topology: dict[str, Any])
     return out
 
 
+# The callbacks whose code decides who reaches what (labctl_readiness.py only routes).
+_SECURITY_CODE = ("labctl_auth.py", "labctl_guard.py", "labctl_routes.py", "labctl_admission.py")
+# Settings derived from the capacity or the queue, not from who may do what: a model added or removed changes them.
+_NOT_SECURITY = {"labctl_auth.yaml": ("default_max_parallel",),
+                 "labctl_admission.yaml": ("slots", "classes", "timeout", "retry_after", "max_hold"),
+                 "labctl_guard.yaml": ("logprobs",),
+                 "general_settings": ("max_in_flight_requests_per_worker", "max_queued_requests_per_worker",
+                                      "admission_queue_timeout_seconds")}
+
+
+def labctl_litellm_security_key(files: dict[str, str], classes: list[dict[str, Any]]) -> str:
+    """The sha1 of what decides the gateway's security (issue 40): the auth, guard, route filter and gate code;
+    their settings but those the capacity sets; config.yaml's general_settings (auth) but the queue sizes, its
+    callbacks and /metrics auth; per key class, the priorities its names carry (config.yaml, labctl_admission.yaml)
+    and their logprobs limits (labctl_guard.yaml); the admission floors and reserve. A change restarts the proxy
+    (tasks/configure.yml), so no old worker serves with the old ones; a model added or removed, with the key
+    classes it had, leaves it as it was (a reload)."""
+    key_class = {str(c["name"]): str(c.get("key_class", "")) for c in classes}
+
+    def settings(name: str) -> dict[str, Any]:
+        loaded = yaml.safe_load(files[name]) or {}
+        return {k: v for k, v in loaded.items() if k not in _NOT_SECURITY.get(name, ())}
+
+    def per_class(pairs: list[tuple[str, Any]]) -> dict[str, list[str]]:
+        out: dict[str, set[str]] = {}
+        for name, value in pairs:
+            out.setdefault(key_class.get(name, ""), set()).add(json.dumps(value, sort_keys=True))
+        return {k: sorted(v) for k, v in out.items()}
+
+    config = yaml.safe_load(files["config.yaml"])
+    guard = yaml.safe_load(files["labctl_guard.yaml"]) or {}
+    admission = yaml.safe_load(files["labctl_admission.yaml"]) or {}
+    document = {
+        "code": {name: files[name] for name in _SECURITY_CODE},
+        "auth": settings("labctl_auth.yaml"),
+        "guard": settings("labctl_guard.yaml"),
+        "logprobs": per_class(list((guard.get("logprobs") or {}).items())),
+        "routes": settings("labctl_routes.yaml"),
+        "admission": settings("labctl_admission.yaml"),
+        "gate_priorities": per_class(list((admission.get("classes") or {}).items())),
+        "general_settings": {k: v for k, v in (config.get("general_settings") or {}).items()
+                             if k not in _NOT_SECURITY["general_settings"]},
+        "litellm_settings": {k: (config.get("litellm_settings") or {}).get(k)
+                             for k in ("callbacks", "require_auth_for_metrics_endpoint")},
+        "priorities": per_class([(str(d["model_name"]), (d.get("litellm_params") or {}).get("extra_body"))
+                                 for d in config.get("model_list") or []]),
+    }
+    return hashlib.sha1(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -237,4 +290,5 @@ class FilterModule:
             "labctl_virtual_key_updates": labctl_virtual_key_updates,
             "labctl_class_floors": labctl_class_floors,
             "labctl_model_classes": labctl_model_classes,
+            "labctl_litellm_security_key": labctl_litellm_security_key,
         }

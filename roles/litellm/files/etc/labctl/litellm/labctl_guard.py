@@ -25,7 +25,9 @@ litellm_logprobs_limits), else 400 before any replica sees the request.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,35 @@ _OUTPUT_LOGPROBS = "message.output_text.logprobs"
 HIDDEN_HEADERS = ("x-litellm-model-api-base", "x-litellm-model-id", "x-litellm-model-name")
 
 log = logging.getLogger("labctl.guard")
+
+
+def settings_digest(directory: Path) -> str:
+    """The sha256 of the settings a worker runs with: config.yaml and every labctl_*.py and labctl_*.yaml
+    beside it (app-keys.json is read again per request). The same as library/labctl_gateway_workers.py's,
+    which the role's check compares each worker's stamp with (issue 40)."""
+    names = sorted(p.name for p in directory.iterdir()
+                   if p.is_file() and (p.name == "config.yaml" or (p.name.startswith("labctl_") and p.suffix in (".py", ".yaml"))))
+    lines = "".join(f"{hashlib.sha256((directory / name).read_bytes()).hexdigest()}  {name}\n" for name in names)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def _stamp() -> None:
+    """Each worker imports the callbacks in its start-up, before it serves: it writes the digest of the settings it
+    loaded to <LABCTL_WORKER_STAMPS>/<pid> (/run/litellm/workers, emptied at every start), so the role can tell
+    that every worker of the proxy runs the current settings after a reload or a restart (issue 40)."""
+    stamps = os.environ.get("LABCTL_WORKER_STAMPS")
+    if not stamps:
+        return
+    target = Path(stamps) / str(os.getpid())
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        tmp.write_text(settings_digest(Path(__file__).resolve().parent) + "\n", encoding="utf-8")
+        tmp.replace(target)
+    except OSError as err:  # the worker serves; the role's check names the missing stamp
+        log.warning("labctl guard: no settings stamp in %s: %s", stamps, err)
+
+
+_stamp()
 
 
 def _refuse(status: int, message: str, param: str | None) -> Exception:
