@@ -351,3 +351,38 @@ def test_keys_stay_out_of_records_and_verbose_output(host, keys):
     listed = _labctl("list", "--json")
     assert listed.returncode == 0 and not any(s in listed.stdout for s in secrets)
     assert {r["name"]: r["status"] for r in json.loads(listed.stdout)}["notebook"] == "revoked"
+
+
+# Inside the target: the digest of the proxy's settings on disk (as library/labctl_gateway_workers.py computes
+# it), and each worker's stamp (the main process's spawn_main children, or itself with one worker).
+_STAMPS = r"""
+import hashlib, json, os, pathlib, subprocess
+d = pathlib.Path("/etc/labctl/litellm")
+names = sorted(p.name for p in d.iterdir()
+               if p.is_file() and (p.name == "config.yaml" or (p.name.startswith("labctl_") and p.suffix in (".py", ".yaml"))))
+digest = hashlib.sha256("".join(f"{hashlib.sha256((d / n).read_bytes()).hexdigest()}  {n}\n" for n in names).encode()).hexdigest()
+main = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", "litellm"], capture_output=True, text=True).stdout.strip()
+def child(pid):
+    try:
+        ppid = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        return ppid == main and b"spawn_main" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+kids = [p for p in os.listdir("/proc") if p.isdigit() and child(p)] or [main]
+stamps = {}
+for pid in kids:
+    p = pathlib.Path("/run/litellm/workers") / pid
+    stamps[pid] = p.read_text().strip() if p.exists() else None
+print(json.dumps({"digest": digest, "stamps": stamps}))
+"""
+
+
+def test_every_gateway_worker_runs_the_settings_on_disk(host):
+    """Issue 40 item 5: each of the proxy's workers stamped the digest of the settings it loaded; after the
+    converge, the key changes and the reloads above, every live worker runs what is on disk."""
+    container = host.check_output("hostname")
+    run = subprocess.run(["docker", "exec", "-i", container, "python3", "-c", _STAMPS], capture_output=True, text=True,
+                         timeout=120, check=True)
+    seen = json.loads(run.stdout)
+    assert len(seen["stamps"]) == 2, seen  # litellm_num_workers: 2
+    assert all(stamp is not None and seen["digest"] in stamp for stamp in seen["stamps"].values()), seen
