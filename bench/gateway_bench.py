@@ -173,6 +173,15 @@ def write_callback(rundir: Path, name: str, settings: dict[str, Any] | None = No
         (rundir / f"{name}.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
 
 
+def guard_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """labctl_guard.yaml as the role renders it (templates/etc/labctl/litellm/labctl_guard.yaml.j2): the model
+    API's routes, and each model name's logprobs limits (the project's, of the batch class for a -batch name)."""
+    routes = yaml.safe_load((REPO / "roles" / "litellm" / "vars" / "main.yml").read_text())["__litellm_app_key_routes"]
+    limits = yaml.safe_load((REPO / "group_vars" / "all" / "project.yml").read_text())["lab_logprobs_limits"]
+    return {"routes": routes, "logprobs": {str(d["model_name"]): limits["batch" if str(d["model_name"]).endswith("-batch")
+                                                                        else "interactive"] for d in cfg["model_list"]}}
+
+
 def readiness_settings(drain_dir: Path) -> dict[str, Any]:
     defaults = yaml.safe_load((REPO / "roles" / "litellm" / "defaults" / "main.yml").read_text())
     return {"interval": float(defaults["litellm_readiness_interval"]), "timeout": float(defaults["litellm_readiness_timeout"]),
@@ -187,10 +196,14 @@ def start_gateway(cfg: dict[str, Any], workers: int, rundir: Path, callbacks: Pa
     # The role's auth hook (custom_auth), as the role writes it beside config.yaml (no application keys).
     # (the bench's load uses the master key: no application key, so no per-key limit applies)
     write_callback(rundir, "labctl_auth", {"keys_file": str(rundir / "app-keys.json"), "default_max_parallel": 1})
-    # The role's class guard (config.yaml lists it among the callbacks; no settings).
-    write_callback(rundir, "labctl_guard")
+    # The role's class guard (config.yaml lists it among the callbacks), with the role's routes and logprobs
+    # limits (the bench's load uses the master key and asks for no logprobs).
+    write_callback(rundir, "labctl_guard", guard_settings(cfg))
     # The role's readiness routing callback, with the role's defaults (drain markers under rundir).
     write_callback(rundir, "labctl_readiness", readiness_settings(rundir / "drain"))
+    # The role's route filter (config.yaml lists it without the admin UI), with the role's closed routes.
+    defaults = yaml.safe_load((REPO / "roles" / "litellm" / "defaults" / "main.yml").read_text())
+    write_callback(rundir, "labctl_routes", {"closed": defaults["litellm_closed_routes"]})
     prom = rundir / "prometheus"
     shutil.rmtree(prom, ignore_errors=True)
     prom.mkdir(parents=True)

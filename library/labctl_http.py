@@ -21,8 +21,11 @@ description:
     module wrapper: about 0.05 s over SSH instead of 0.25 s (Issue 31). Where that cannot run,
     this file runs as an ordinary module."
   - HTTPS certificates are always verified (against O(ca_path) when given, else the system's
-    store); redirects are followed. Only GET - anything that changes a service goes through
-    M(ansible.builtin.uri).
+    store). Only GET - anything that changes a service goes through M(ansible.builtin.uri).
+  - "A redirect is never followed: a 3xx is the answer (as M(ansible.builtin.uri) with
+    C(follow_redirects: none)), so the credentials (O(headers), O(url_username)/O(url_password))
+    reach the URL asked and no other host, port or scheme. urllib would carry them to wherever
+    the C(Location) points, plain http included (Issue 40)."
 options:
   url:
     description: The http or https URL.
@@ -78,7 +81,7 @@ status:
   returned: always
   type: int
 url:
-  description: The URL that answered (after redirects).
+  description: The URL asked (a redirect is not followed).
   returned: always
   type: str
 json:
@@ -103,6 +106,14 @@ ARGS = ("url", "headers", "ca_path", "url_username", "url_password", "force_basi
         "return_content", "timeout")
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx is the answer (an HTTPError with its status): nothing is sent to its Location."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: t.IO[bytes], code: int, msg: str,
+                         headers: t.Any, newurl: str) -> None:
+        return None
+
+
 def light(args: dict[str, t.Any]) -> dict[str, t.Any]:
     """One GET; the answer as ansible.builtin.uri shapes it (plus failed for a status not in status_code)."""
     url = str(args["url"])
@@ -116,8 +127,9 @@ def light(args: dict[str, t.Any]) -> dict[str, t.Any]:
     answer: dict[str, t.Any] = {"changed": False, "url": url}
     if not url.startswith(("http://", "https://")):
         return {**answer, "failed": True, "status": -1, "msg": f"not an http(s) URL: {url}"}
+    opener = urllib.request.build_opener(_NoRedirect, *([urllib.request.HTTPSHandler(context=context)] if context else []))
     try:
-        with urllib.request.urlopen(request, timeout=int(args.get("timeout") or 30), context=context) as response:
+        with opener.open(request, timeout=int(args.get("timeout") or 30)) as response:
             status, body, kind, answer["url"] = response.status, response.read(), response.headers.get("Content-Type", ""), response.url
     except urllib.error.HTTPError as error:
         status, body, kind = error.code, error.read(), error.headers.get("Content-Type", "") if error.headers else ""

@@ -111,8 +111,9 @@ def journal(unit: str) -> tuple[list[str], list[str]]:
 
 
 def get(url: str, timeout: float, context: ssl.SSLContext | None = None, api_key: str | None = None) -> tuple[int, bytes]:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    request = urllib.request.Request(url, headers=headers)
+    request = urllib.request.Request(url)
+    if api_key:  # to this URL only: urllib carries a header added otherwise to any redirect's target (Issue 40)
+        request.add_unredirected_header("Authorization", f"Bearer {api_key}")
     with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
         return response.status, response.read()
 

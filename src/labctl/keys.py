@@ -6,7 +6,10 @@ The store is one JSON file in the inventory's secrets directory (``lab_app_keys_
 public model class it reaches, so its priority), limits, expiry, the sha256 of the key and when it
 was created or revoked. The key itself is printed once by ``labctl keys add`` and kept nowhere.
 The litellm role sends the hashes of the keys that are not revoked to the gateway hosts, where the
-no-database auth hook enforces them.
+no-database auth hook enforces them. The models a key may be limited to are checked against the
+lab's models here, before the store changes, with the rule the role applies when it sends them
+(``key_models``); the role leaves a record that breaks it out, and names it, instead of failing the
+whole push.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import re
 import secrets
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, time
 from pathlib import Path
@@ -89,9 +92,59 @@ def _live(keys: list[AppKey], name: str) -> list[AppKey]:
     return live
 
 
-def _check_models(models: list[str] | None) -> None:
-    if models is not None and (not models or not all(MODEL.match(m) for m in models)):
+def public_names(lab_models: Sequence[Mapping[str, Any]] | None) -> list[dict[str, str]]:
+    """The gateway's public model names of ``lab_models`` (parsed: labctl.models.parse, or the
+    topology's models), as litellm_model_classes gives them: per model and served name, its
+    interactive name and, when the model has the batch class, <name>-batch, each with the key class
+    it serves and its model. None (one model, lab_models not set): []."""
+    names: list[dict[str, str]] = []
+    for model in lab_models or []:
+        for served in model["served_names"]:
+            if "interactive" in model["classes"]:
+                names.append({"name": str(served), "key_class": "interactive", "model": str(model["name"])})
+            if "batch" in model["classes"]:
+                names.append({"name": f"{served}-batch", "key_class": "batch", "model": str(model["name"])})
+    return names
+
+
+def key_models(models: Any, key_class: Any, classes: Sequence[Mapping[str, Any]]) -> tuple[list[str], str]:
+    """The public names a key of ``key_class`` limited to ``models`` reaches, and what is wrong with
+    that limit ('' when nothing). ``classes``: the gateway's public names (litellm_model_classes, or
+    public_names()): name, key_class and, with several models, the model that serves it. A model is
+    given by its name or one of its public names; the key reaches its class's names of those
+    models. Wrong: not a list of names, any model on a one-model lab (its class is all a key may be
+    limited to), a model the lab does not serve (naming those it serves), a model whose names its
+    class has none of. The one rule for `labctl keys add/models` and the litellm role."""
+    if not isinstance(models, list) or not models or not all(isinstance(m, str) and m for m in models):
+        return [], f"models must be a list of model names, got {models!r}"
+    model_of = {str(c["name"]): str(c["model"]) for c in classes if c.get("model")}
+    if not model_of:
+        return [], (f"models {models}: the lab serves one model (lab_models is not set), a key's class is all it may be "
+                    "limited to (no --model)")
+    unknown = [m for m in models if m not in model_of and m not in model_of.values()]
+    if unknown:
+        return [], (f"models: {', '.join(unknown)} not served here (lab_models serves: {', '.join(sorted(set(model_of.values())))}; "
+                    f"by their public names: {', '.join(sorted(model_of))})")
+    allowed = {model_of.get(m, m) for m in models}
+    names = [str(c["name"]) for c in classes if c.get("key_class") == key_class]
+    reached = [n for n in names if model_of.get(n) in allowed]
+    if not reached:
+        return [], f"class {key_class} has no name of {', '.join(models)} (its names: {', '.join(names) or 'none'})"
+    return reached, ""
+
+
+def _check_models(name: str, key_class: str, models: list[str] | None, lab_models: Sequence[Mapping[str, Any]] | None) -> None:
+    """``models`` (--model; None: every model of its class) checked against the lab's models
+    (``lab_models`` parsed; None: a one-model lab), as the litellm role checks them when the keys are
+    sent (key_models): refused here, before the store changes, so the store holds no key the
+    gateway would leave out."""
+    if models is None:
+        return
+    if not models or not all(MODEL.match(m) for m in models):
         raise KeyRefused(f"--model {models}: model names (letters, digits, '.', '_', '-')")
+    _, problem = key_models(list(models), key_class, public_names(lab_models))
+    if problem:
+        raise KeyRefused(f"key {name}: {problem}")
 
 
 def new_key() -> str:
@@ -182,8 +235,9 @@ class KeyStore:
     @_under_lock
     def add(self, name: str, key_class: str, *, rpm: int | None = None, tpm: int | None = None,
             max_parallel: int | None = None, expires: str | None = None, models: list[str] | None = None,
-            now: datetime | None = None) -> tuple[AppKey, str]:
-        """A new key: returns its record and the key (shown once, stored nowhere)."""
+            lab_models: Sequence[Mapping[str, Any]] | None = None, now: datetime | None = None) -> tuple[AppKey, str]:
+        """A new key: returns its record and the key (shown once, stored nowhere). ``models`` must be
+        models of ``lab_models`` (the inventory's, parsed; None: a one-model lab, which takes none)."""
         now = now or datetime.now(UTC)
         if not NAME.match(name):
             raise KeyRefused(f"key name {name!r}: lowercase letters, digits, '.', '_' and '-' (1-63, a letter or digit first)")
@@ -192,7 +246,10 @@ class KeyStore:
         for label, value in (("--rpm", rpm), ("--tpm", tpm), ("--max-parallel", max_parallel)):
             if value is not None and value < 1:
                 raise KeyRefused(f"{label} {value}: a limit is a positive number (leave it out for none)")
-        _check_models(models)
+        served = {n["key_class"] for n in public_names(lab_models)}
+        if lab_models is not None and key_class not in served:
+            raise KeyRefused(f"--class {key_class}: no model of lab_models has this class (their classes: {', '.join(sorted(served))})")
+        _check_models(name, key_class, models, lab_models)
         keys = self.load()
         if any(k.name == name and k.status(now) != "revoked" for k in keys):
             raise KeyRefused(f"key {name} exists (revoke it first, or pick another name)")
@@ -204,11 +261,13 @@ class KeyStore:
         return record, key
 
     @_under_lock
-    def set_models(self, name: str, models: list[str] | None) -> AppKey:
-        """The models a live key may use (None: every model of its class); the key itself stays."""
-        _check_models(models)
+    def set_models(self, name: str, models: list[str] | None, lab_models: Sequence[Mapping[str, Any]] | None = None) -> AppKey:
+        """The models a live key may use (None: every model of its class), models of ``lab_models``
+        as for add; the key itself stays."""
         keys = self.load()
         live = _live(keys, name)
+        for record in live:
+            _check_models(name, record.key_class, models, lab_models)
         for record in live:
             record.models = list(models) if models else None
         self.save(keys)

@@ -1,9 +1,12 @@
 """``labctl keys add|list|revoke|push``: the gateway's application keys (no database needed).
 
 The store is the inventory's ``lab_app_keys_file`` (Ansible says where: playbooks/keys.yml, tag
-``locate``). ``add`` prints the new key once; ``add`` and ``revoke`` then send the hashes to every
-gateway host (``push``: playbooks/keys.yml, under the inventory's lock, recorded like a provision
-run), where they take effect with the next request, without a restart.
+``locate``, which also gives the inventory's lab_models: a key's ``--model`` is checked against them
+before the store changes). ``add`` prints the new key once; ``add`` and ``revoke`` then send the
+hashes to every gateway host (``push``: playbooks/keys.yml, under the inventory's lock, recorded
+like a provision run), where they take effect with the next request, without a restart. A push
+sends every good record and every revocation; a bad record is left out and named, and the push
+exits non-zero.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ import os
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NamedTuple
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from labctl import models as models_mod
 from labctl.ansible_run import run_playbook
 from labctl.keys import CLASSES, KeyRefused, KeyStore
 from labctl.paths import repo_root
@@ -39,9 +43,18 @@ def _fail(message: str, code: Exit = Exit.USAGE) -> typer.Exit:
     return typer.Exit(int(code))
 
 
-def locate(inventory: Path) -> tuple[Path, bool]:
-    """The inventory's key store, as Ansible resolves lab_app_keys_file, and whether the gateway
-    runs in database mode (contacts no host)."""
+class Located(NamedTuple):
+    """Where the inventory keeps its keys, and what `labctl keys` checks a key against."""
+
+    path: Path
+    database_mode: bool
+    # lab_models as the inventory gives it (unparsed); None: a one-model lab.
+    lab_models: Any = None
+
+
+def locate(inventory: Path) -> Located:
+    """The inventory's key store, as Ansible resolves lab_app_keys_file, whether the gateway runs in
+    database mode, and the lab's models (lab_models) (contacts no host)."""
     if not inventory.exists():
         raise _fail(f"--inventory {inventory}: no such file or directory")
     result = run_playbook(repo_root() / PLAYBOOK, inventory, args=["--tags", "locate"])
@@ -52,7 +65,19 @@ def locate(inventory: Path) -> tuple[Path, bool]:
     path = Path(str(found))
     if not path.is_absolute():
         raise _fail(f"lab_app_keys_file {path} is not an absolute path", Exit.USAGE)
-    return path, str(result.data.get("labctl_keys_database_mode", "")).lower() == "true"
+    return Located(path, str(result.data.get("labctl_keys_database_mode", "")).lower() == "true",
+                   result.data.get("labctl_keys_lab_models") or None)
+
+
+def _lab_models(located: Located) -> list[dict[str, Any]] | None:
+    """The inventory's lab_models, checked (labctl.models.parse, as the topology does); None
+    without it: a one-model lab, whose keys take no --model."""
+    if located.lab_models is None:
+        return None
+    try:
+        return models_mod.parse(located.lab_models)
+    except models_mod.ModelsError as exc:
+        raise _fail(f"cannot check --model: {exc}", Exit.FAILED) from exc
 
 
 def _push(inventory: Path, json_output: bool, new_key: tuple[str, str] | None = None) -> int:
@@ -84,16 +109,19 @@ def add(
                                "(litellm_app_key_max_parallel_share of its admission slots).")] = None,
     expires: Annotated[str | None, typer.Option("--expires", help="YYYY-MM-DD (end of that day, UTC) or an ISO date-time.")] = None,
     model: Annotated[list[str] | None, typer.Option(
-        "--model", help="Several models (lab_models): a model it may use (repeat for more); default: every model of its class.")] = None,
+        "--model", help="Several models (lab_models): a model it may use, its name or a served name, checked against the "
+                        "inventory's lab_models (repeat for more); default: every model of its class.")] = None,
     no_push: NoPush = False,
 ) -> None:
     """Make a key for one application; prints it once (it is stored nowhere), then sends its hash."""
     if key_class not in CLASSES:  # before Ansible is asked anything
         raise _fail(f"--class {key_class}: no such key class (one of {', '.join(CLASSES)})")
-    path, database_mode = locate(inventory)
-    store = KeyStore(path)
+    located = locate(inventory)
+    database_mode = located.database_mode
+    store = KeyStore(located.path)
     try:
-        record, key = store.add(name, key_class, rpm=rpm, tpm=tpm, max_parallel=max_parallel, expires=expires, models=model)
+        record, key = store.add(name, key_class, rpm=rpm, tpm=tpm, max_parallel=max_parallel, expires=expires, models=model,
+                                lab_models=_lab_models(located))
     except KeyRefused as exc:
         raise _fail(str(exc)) from exc
     typer.echo(f"key {record.name} ({record.key_class}) made; give it to the application now, it is not shown again:",
@@ -114,14 +142,16 @@ def models(
     name: Annotated[str, typer.Argument(help="The key's name.")],
     inventory: runs_cli.Inventory,
     model: Annotated[list[str] | None, typer.Option(
-        "--model", help="A model it may use (repeat for more); none: every model of its class.")] = None,
+        "--model", help="A model it may use, checked against the inventory's lab_models (repeat for more); none: every "
+                        "model of its class.")] = None,
     no_push: NoPush = False,
 ) -> None:
     """Change the models a key may use (several models, lab_models): the application keeps its key,
     the gateway applies the change from the next request (moving keys to a new model)."""
-    store = KeyStore(locate(inventory)[0])
+    located = locate(inventory)
+    store = KeyStore(located.path)
     try:
-        record = store.set_models(name, model)
+        record = store.set_models(name, model, _lab_models(located) if model else None)
     except KeyRefused as exc:
         raise _fail(str(exc)) from exc
     reached = ", ".join(record.models) if record.models else "every model of its class"
@@ -135,7 +165,7 @@ def revoke(
     no_push: NoPush = False,
 ) -> None:
     """Revoke a key: refused (401) from the next request once sent; requests already running finish."""
-    store = KeyStore(locate(inventory)[0])
+    store = KeyStore(locate(inventory).path)
     try:
         store.revoke(name)
     except KeyRefused as exc:
@@ -161,7 +191,7 @@ def push(inventory: runs_cli.Inventory, json_output: runs_cli.JsonOut = False) -
 @keys_app.command("list")
 def list_keys(inventory: runs_cli.Inventory, json_output: runs_cli.JsonOut = False) -> None:
     """Every key of the store: class, limits, expiry, status. Never the key or its hash."""
-    store = KeyStore(locate(inventory)[0])
+    store = KeyStore(locate(inventory).path)
     try:
         keys = store.load()
     except KeyRefused as exc:

@@ -107,6 +107,8 @@ class Gateway:
     config: dict[str, Any]
     keys_file: Path
     log: Path
+    pid: int = 0  # the proxy's main process (uvicorn's supervisor with several workers)
+    rundir: Path = Path()  # config.yaml and the callbacks; workers/: their settings stamps
 
     def deployments(self) -> list[dict[str, Any]]:
         return list(self.config["model_list"])
@@ -165,7 +167,8 @@ def install_keys(gw: Gateway, store_dir: Path, made: dict[str, tuple[str, dict[s
 
 
 @contextlib.contextmanager
-def running_gateway(root: Path, variables: dict[str, Any], replica_tls: tuple[str, Path, Path] | None = None) -> Iterator[Gateway]:
+def running_gateway(root: Path, variables: dict[str, Any], replica_tls: tuple[str, Path, Path] | None = None,
+                    num_workers: int = 1) -> Iterator[Gateway]:
     """The role's gateway for an inventory of ``variables`` (plus the replica's port and the keys
     file under ``root``), started, with the recording replica behind it. ``replica_tls`` (address,
     certificate, key): the replica is on another host of that address (a local one), so it serves
@@ -197,6 +200,9 @@ def running_gateway(root: Path, variables: dict[str, Any], replica_tls: tuple[st
     environment = {k: v for k, v in environment.items() if not k.startswith("REDIS_")}  # no Redis here
     environment["PROMETHEUS_MULTIPROC_DIR"] = str(rundir / "prometheus")
     (rundir / "prometheus").mkdir()
+    if "LABCTL_WORKER_STAMPS" in environment:  # the workers' settings stamps (issue 40), here beside the config
+        environment["LABCTL_WORKER_STAMPS"] = str(rundir / "workers")
+        (rundir / "workers").mkdir()
     log = rundir / "litellm.log"
     tls = None if replica_tls is None else (replica_tls[1], replica_tls[2])
     # lab_models of one embedding model: the replica answers /v1/embeddings only, as vLLM's pooling runner does.
@@ -204,13 +210,15 @@ def running_gateway(root: Path, variables: dict[str, Any], replica_tls: tuple[st
     with replica(served.pop(), VLLM_KEY, replica_port, address, tls, kind) as (_, recorder):
         proc = subprocess.Popen(
             [str(venv / "bin" / "litellm"), "--config", str(rundir / "config.yaml"), "--host", "127.0.0.1",
-             "--port", str(proxy_port), "--num_workers", "1"],
+             "--port", str(proxy_port), "--num_workers", str(num_workers),
+             # As the unit: uvicorn's supervisor waits this long for a new worker on a reload (SIGHUP).
+             "--timeout_worker_healthcheck", "300"],
             cwd=rundir, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LITELLM_LOG": "ERROR", **environment},
             stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
         try:
             url = f"http://127.0.0.1:{proxy_port}"
             _wait(url + "/health/liveliness", proc, log)
-            yield Gateway(url=url, recorder=recorder, config=config, keys_file=keys_file, log=log)
+            yield Gateway(url=url, recorder=recorder, config=config, keys_file=keys_file, log=log, pid=proc.pid, rundir=rundir)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)

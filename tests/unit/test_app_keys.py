@@ -1,7 +1,8 @@
 """Application keys without a database: the control node's store (labctl.keys), what the litellm
 role sends (labctl_app_keys_doc) and the auth hook that enforces it (labctl_auth.py, LiteLLM
 stood in for; its names are checked against the bundle's wheel below). The run through the real
-proxy is molecule stack's test_stack_keys.py."""
+proxy is molecule stack's test_stack_keys.py; the role's push with a bad record in the store,
+against the real proxy, is test_app_keys_push.py."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -19,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.errors import AnsibleFilterError
+import yaml
 from typer.testing import CliRunner
 
+from labctl import keys as keys_mod
 from labctl import keys_cli
+from labctl import models as lab_models_mod
+from labctl.ansible_run import PlaybookResult
 from labctl.cli import app
 from labctl.keys import AppKey, KeyRefused, KeyStore, hash_key
 
@@ -31,6 +36,7 @@ from .callback_loader import litellm_source, load_callback
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "roles" / "litellm" / "filter_plugins"))
 
+import litellm_filters  # noqa: E402
 from litellm_filters import labctl_app_keys_doc  # noqa: E402
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -160,21 +166,55 @@ def test_the_gateway_gets_hashes_of_live_keys_and_the_models_of_each_class() -> 
                                            "expires": None}}
 
 
-@pytest.mark.parametrize(("record", "message"), [
-    (_record(key_class="urgent"), "key app: class 'urgent' does not exist"),
-    (_record(sha256="abc"), "key app: sha256 is not 64"),
-    (_record(rpm=-1), "key app: rpm -1"),
-    (_record(max_parallel=0), "key app: max_parallel 0"),
-    (_record(expires="2027-01-01"), "key app: expires '2027-01-01' is not an ISO date-time with a zone"),
-])
-def test_the_role_refuses_a_bad_store_naming_the_key(record: dict[str, Any], message: str) -> None:
-    with pytest.raises(AnsibleFilterError, match=message):
-        labctl_app_keys_doc([record], CLASSES)
+BAD_RECORDS = [
+    (_record("bad", key_class="urgent"), "key bad: class 'urgent' does not exist"),
+    (_record("bad", sha256="abc"), "key bad: sha256 is not 64"),
+    (_record("bad", rpm=-1), "key bad: rpm -1"),
+    (_record("bad", max_parallel=0), "key bad: max_parallel 0"),
+    (_record("bad", expires="2027-01-01"), "key bad: expires '2027-01-01' is not an ISO date-time with a zone"),
+    # what the issue's `labctl keys add app2 --class batch --model no-such-model` saved on a one-model lab
+    (_record("bad", "batch", models=["no-such-model"]), r"key bad: models \['no-such-model'\]: the lab serves one model"),
+]
 
 
-def test_a_key_given_twice_is_refused() -> None:
-    with pytest.raises(AnsibleFilterError, match="given twice"):
-        labctl_app_keys_doc([_record("a"), _record("a")], CLASSES)
+@pytest.mark.parametrize(("record", "message"), BAD_RECORDS, ids=[m.split(": ", 1)[1][:24] for _, m in BAD_RECORDS])
+def test_a_bad_record_is_left_out_and_named_the_others_are_sent(record: dict[str, Any], message: str) -> None:
+    """Issue 40, item 1: one bad record no longer stops the whole file (before, the filter raised
+    and no push wrote app-keys.json again, revocations included): the good live keys are sent,
+    revoked ones are not, the bad one is left out (its key gets 401) and named with the reason,
+    never with its hash."""
+    records = [_record("good", rpm=5), record, _record("gone", "batch", revoked=NOW.isoformat())]
+    doc = labctl_app_keys_doc(records, CLASSES)
+    assert doc["keys"] == {hash_key("good"): {"name": "good", "class": "interactive", "rpm": 5, "tpm": None,
+                                              "max_parallel": None, "expires": None}}
+    problems = litellm_filters.labctl_app_keys_problems(records, CLASSES)
+    assert [p["name"] for p in problems] == ["bad"], problems
+    assert re.search(message, problems[0]["problem"]), problems
+    assert str(record["sha256"]) not in json.dumps(problems)
+    assert litellm_filters.labctl_app_keys_problems([_record("good"), _record("gone", revoked=NOW.isoformat())], CLASSES) == []
+
+
+def test_a_key_given_twice_is_left_out_whichever_was_meant() -> None:
+    records: list[Any] = [_record("a"), _record("b", "batch"), _record("a"), "junk"]
+    doc = labctl_app_keys_doc(records, CLASSES)
+    assert set(doc["keys"]) == {hash_key("b")}
+    problems = [p["problem"] for p in litellm_filters.labctl_app_keys_problems(records, CLASSES)]
+    assert problems == ["lab_app_keys: entry 4 is not a mapping", "lab_app_keys: key a: given twice (revoke the old one first)",
+                        "lab_app_keys: key a: given twice (revoke the old one first)"]
+
+
+def test_a_bad_key_fails_site_yml_only_after_the_proxy_runs_with_the_others() -> None:
+    """The role sends the keys before it starts the proxy (tasks/main.yml): a bad record names
+    itself at the end of the role, so a fresh gateway still starts with every good key, and the run
+    fails then; `labctl keys push` (tasks_from: keys) and database mode fail at the end of theirs."""
+    tasks = REPO / "roles" / "litellm" / "tasks"
+    main = [next(v for k, v in t.items() if k.endswith("import_tasks")) for t in yaml.safe_load((tasks / "main.yml").read_text())]
+    assert main.index("keys_file.yml") < main.index("service.yml") < main.index("keys_problems.yml") == len(main) - 1
+    for entry in ("keys.yml", "keys_database.yml"):
+        last = yaml.safe_load((tasks / entry).read_text())[-1]
+        assert last.get("ansible.builtin.import_tasks") == "keys_problems.yml", entry
+    (report,) = yaml.safe_load((tasks / "keys_problems.yml").read_text())
+    assert "ansible.builtin.fail" in report and "no_log" not in report
 
 
 # --- the hook ------------------------------------------------------------------------------------
@@ -299,7 +339,7 @@ def test_the_metrics_key_opens_metrics_only(tmp_path: Path, monkeypatch: pytest.
 def test_keys_add_prints_the_key_once_and_pushes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store_path = tmp_path / "secrets" / "app-keys.json"
     pushed: list[Path] = []
-    monkeypatch.setattr(keys_cli, "locate", lambda inventory: (store_path, False))
+    monkeypatch.setattr(keys_cli, "locate", lambda inventory: keys_cli.Located(store_path, False))
 
     def push(inventory: Path, json_output: bool, new_key: str | None = None) -> int:
         pushed.append(inventory)
@@ -378,14 +418,16 @@ def test_a_key_limited_to_models_reaches_its_class_names_of_those_only() -> None
 
 
 @pytest.mark.parametrize(("record", "classes", "message"), [
-    (_record(models=["nope"]), MODEL_CLASSES, "key app: models: nope not served here .lab_models serves: chat-model, embed-model."),
+    (_record(models=["nope"]), MODEL_CLASSES, "key app: models: nope not served here .lab_models serves: chat-model, embed-model;"),
     (_record("b", "batch", models=["embed-model"]), MODEL_CLASSES, "key b: class batch has no name of embed-model"),
     (_record(models=["m"]), CLASSES, "key app: models .'m'.: the lab serves one model"),
     (_record(models="chat"), MODEL_CLASSES, "key app: models must be a list"),
 ])
-def test_a_bad_model_list_is_refused_naming_the_key(record: dict[str, Any], classes: list[dict[str, Any]], message: str) -> None:
-    with pytest.raises(AnsibleFilterError, match=message):
-        labctl_app_keys_doc([record], classes)
+def test_a_bad_model_list_leaves_the_key_out_naming_it(record: dict[str, Any], classes: list[dict[str, Any]], message: str) -> None:
+    """A key limited to a model the lab does not serve (removed from lab_models since): left out, named."""
+    assert labctl_app_keys_doc([record, _record("any")], classes)["keys"].keys() == {hash_key("any")}
+    (problem,) = litellm_filters.labctl_app_keys_problems([record, _record("any")], classes)
+    assert re.search(message, problem["problem"]), problem
 
 
 def test_the_hook_holds_a_limited_key_to_its_models_on_every_body_route(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -399,16 +441,100 @@ def test_the_hook_holds_a_limited_key_to_its_models_on_every_body_route(tmp_path
     assert _status(module, "any", path="/v1/chat/completions", model="chat") == 200
 
 
-def test_a_keys_models_change_and_the_key_stays(tmp_path: Path) -> None:
+# lab_models as labctl.models.parse gives them; the gateway's names of them are MODEL_CLASSES.
+LAB_MODELS = [{"id": 0, "name": "chat-model", "revision": "r1", "served_names": ["chat"], "classes": ["interactive", "batch"]},
+              {"id": 1, "name": "embed-model", "revision": "r1", "served_names": ["embed"], "kind": "embed"}]
+
+
+def test_labctl_checks_a_keys_models_against_the_names_the_gateway_publishes() -> None:
+    """`labctl keys add --model` and the litellm role apply one rule (labctl.keys.key_models) to the
+    same names: labctl.keys.public_names of lab_models is litellm_model_classes' default."""
+    parsed = lab_models_mod.parse(LAB_MODELS)
+    assert [{k: v for k, v in c.items() if k != "priority"} for c in MODEL_CLASSES] == keys_mod.public_names(parsed)
+    assert litellm_filters.labctl_model_classes(parsed, []) == MODEL_CLASSES
+
+
+@pytest.mark.parametrize(("listed", "key_class", "models", "message"), [
+    (LAB_MODELS, "batch", ["no-such-model"],
+     (r"models: no-such-model not served here \(lab_models serves: chat-model, embed-model; by their public names: chat, "
+      r"chat-batch, embed\)")),
+    (LAB_MODELS, "batch", ["embed-model"], r"class batch has no name of embed-model \(its names: chat-batch\)"),
+    (None, "batch", ["no-such-model"], r"models \['no-such-model'\]: the lab serves one model \(lab_models is not set\)"),
+])
+def test_a_model_the_lab_does_not_serve_is_refused_before_the_store_changes(
+        tmp_path: Path, listed: list[dict[str, Any]] | None, key_class: str, models: list[str], message: str) -> None:
+    """Issue 40, item 1: `labctl keys add app2 --class batch --model no-such-model` was saved (only
+    the characters were checked) and every later push failed. add and models now check the model
+    against the lab's models, naming it and those the lab serves, and change nothing."""
+    parsed = lab_models_mod.parse(listed) if listed else None
     store = KeyStore(tmp_path / "app-keys.json")
-    record, key = store.add("rag", "interactive", models=["old-embed"], now=NOW)
+    store.add("existing", key_class, now=NOW)
+    before = store.path.read_bytes()
+    with pytest.raises(KeyRefused, match="key app2: " + message):
+        store.add("app2", key_class, models=models, lab_models=parsed, now=NOW)
+    with pytest.raises(KeyRefused, match="key existing: " + message):
+        store.set_models("existing", models, parsed)
+    assert store.path.read_bytes() == before
+
+
+def test_a_class_no_model_has_is_refused(tmp_path: Path) -> None:
+    store = KeyStore(tmp_path / "app-keys.json")
+    with pytest.raises(KeyRefused, match=r"--class batch: no model of lab_models has this class \(their classes: interactive\)"):
+        store.add("app", "batch", lab_models=lab_models_mod.parse(LAB_MODELS[1:]), now=NOW)
+    assert not store.path.exists()
+
+
+def _located(monkeypatch: pytest.MonkeyPatch, store_path: Path, listed: Any) -> list[tuple[Any, ...]]:
+    """labctl keys with the locate play's answer (playbooks/keys.yml's set_stats) and no push."""
+    data = {"labctl_keys_file": str(store_path), "labctl_keys_database_mode": False, "labctl_keys_lab_models": listed}
+    monkeypatch.setattr(keys_cli, "run_playbook", lambda *args, **kwargs: PlaybookResult(status="successful", rc=0, data=data))
+    pushed: list[tuple[Any, ...]] = []
+
+    def push(*args: Any) -> int:
+        pushed.append(args)
+        return 0
+
+    monkeypatch.setattr(keys_cli, "_push", push)
+    return pushed
+
+
+def test_keys_add_checks_the_model_against_the_inventorys_lab_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40, item 1, as reproduced on the sandbox: the command refuses a model the inventory's
+    lab_models does not serve (exit 2, naming it and those served), saves nothing, pushes nothing."""
+    store_path = tmp_path / "secrets" / "app-keys.json"
+    inventory = tmp_path / "inv"
+    inventory.mkdir()
+    pushed = _located(monkeypatch, store_path, LAB_MODELS)
+    refused = CliRunner().invoke(app, ["keys", "add", "app2", "-i", str(inventory), "--class", "batch", "--model", "no-such-model"])
+    assert refused.exit_code == 2, refused.output
+    assert "key app2: models: no-such-model not served here (lab_models serves: chat-model, embed-model" in refused.output
+    assert not store_path.exists() and pushed == []
+    made = CliRunner().invoke(app, ["keys", "add", "app2", "-i", str(inventory), "--class", "batch", "--model", "chat"])
+    assert made.exit_code == 0, made.output
+    assert json.loads(store_path.read_text())["keys"][0]["models"] == ["chat"] and len(pushed) == 1
+    before = store_path.read_bytes()
+    moved = CliRunner().invoke(app, ["keys", "models", "app2", "-i", str(inventory), "--model", "embed-model"])
+    assert moved.exit_code == 2 and "class batch has no name of embed-model" in moved.output, moved.output
+    assert store_path.read_bytes() == before and len(pushed) == 1
+    # A one-model lab (no lab_models: the play hands over []): no --model at all.
+    _located(monkeypatch, store_path, [])
+    one = CliRunner().invoke(app, ["keys", "add", "app3", "-i", str(inventory), "--class", "batch", "--model", "no-such-model"])
+    assert one.exit_code == 2 and "the lab serves one model" in one.output, one.output
+    assert store_path.read_bytes() == before
+
+
+def test_a_keys_models_change_and_the_key_stays(tmp_path: Path) -> None:
+    listed = lab_models_mod.parse([{"id": 0, "name": "old-embed", "revision": "r1", "kind": "embed"},
+                                   {"id": 1, "name": "new-embed", "revision": "r1", "kind": "embed"}])
+    store = KeyStore(tmp_path / "app-keys.json")
+    record, key = store.add("rag", "interactive", models=["old-embed"], lab_models=listed, now=NOW)
     assert record.record()["models"] == ["old-embed"]
-    moved = store.set_models("rag", ["new-embed"])
+    moved = store.set_models("rag", ["new-embed"], listed)
     (again,) = store.load()
     assert moved.models == again.models == ["new-embed"] and again.sha256 == hash_key(key)
     store.set_models("rag", None)
     assert "models" not in store.load()[0].record()
     with pytest.raises(KeyRefused, match="no key named nobody"):
-        store.set_models("nobody", ["x"])
+        store.set_models("nobody", ["x"], listed)
     with pytest.raises(KeyRefused, match="--model"):
-        store.set_models("rag", ["bad name"])
+        store.set_models("rag", ["bad name"], listed)

@@ -163,6 +163,40 @@ def test_a_new_key_the_store_does_not_hold_is_refused(tmp_path: Path, api: tuple
     assert not [c for c in handler.calls if c[0] == "POST"]
 
 
+def test_a_bad_record_is_named_and_revocations_still_go_through(tmp_path: Path, api: tuple[int, Any]) -> None:
+    """Issue 40, item 1, database mode: a bad record of the store (here limited to a model the
+    one-model lab does not serve, as `labctl keys add --model no-such-model` saved it) used to
+    raise inside the no_log tasks that build the /key/generate and /key/update bodies: the run
+    failed with "output hidden", and a new key's run (generate comes before the deletes) deleted no
+    revoked key. Now the bad record is neither made nor updated, the revoked key is deleted, the
+    other keys are brought to their records, and the run fails naming the bad key (never a key or a
+    hash)."""
+    port, handler = api
+    store = KeyStore(tmp_path / "secrets" / "app-keys.json")
+    old, old_key = store.add("old", "batch")
+    store.revoke("old")
+    handler.db[old.sha256] = {"key_alias": "old"}
+    plain, _ = store.add("plain", "batch")
+    handler.db[plain.sha256] = {"key_alias": "plain", "models": ["m-batch"]}  # made before allowed_routes
+    _, broken_key = store.add("broken", "batch")
+    records = [k.record() for k in store.load()]
+    records[-1]["models"] = ["no-such-model"]
+    handoff = tmp_path / "new-key.json"
+    handoff.write_text(json.dumps({"name": "broken", "key": broken_key}))
+
+    run = _run(tmp_path, port, records, str(handoff))
+    out = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert [c[2] for c in handler.calls if c[1] == "/key/delete"] == [{"keys": [old.sha256]}]
+    assert old.sha256 not in handler.db
+    assert not [c for c in handler.calls if c[1] == "/key/generate" and c[2]["key"] == broken_key]
+    assert handler.db[plain.sha256]["allowed_routes"] == ROUTES
+    (fatal,) = [line for line in out.splitlines() if line.startswith("fatal:")]
+    assert "key broken: models ['no-such-model']: the lab serves one model" in fatal, out[-3000:]
+    for secret in (broken_key, old_key, old.sha256, plain.sha256, records[-1]["sha256"]):
+        assert secret not in out
+
+
 def test_keys_made_before_get_the_model_api_routes_and_a_concurrency_limit(tmp_path: Path, api: tuple[int, Any]) -> None:
     """A live key the database holds without allowed_routes (made by an earlier version, open to
     files, batches, images, MCP...) is updated to the store's record: its class's models, the model

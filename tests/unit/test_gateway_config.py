@@ -131,7 +131,8 @@ def test_database_mode_is_as_closed_as_the_default(tmp_path: Path) -> None:
     assert isinstance(settings, dict) and isinstance(general, dict)
     assert general["database_url"] == "os.environ/DATABASE_URL" and "custom_auth" not in general
     assert settings["require_auth_for_metrics_endpoint"] is True
-    assert settings["callbacks"] == ["prometheus", "labctl_guard.guard", "labctl_readiness.readiness", "labctl_admission.admission"]
+    assert settings["callbacks"] == ["labctl_routes.routes", "prometheus", "labctl_guard.guard", "labctl_readiness.readiness",
+                                     "labctl_admission.admission"]
     assert general["disable_env_credential_login"] is True
     env = render_env({"litellm_master_key": "m", "litellm_salt_key": "s", "__litellm_metrics_auth": True, "litellm_metrics_key": "k",
                       "litellm_vllm_api_key": "", "litellm_redis_host": "h", "litellm_redis_port": 1, "litellm_redis_password": "p",
@@ -144,6 +145,8 @@ def test_the_admin_ui_only_when_the_inventory_asks(tmp_path: Path) -> None:
 
     config = _config(_inventory(tmp_path, lab_litellm_admin_ui=True))
     assert "disable_env_credential_login" not in config["general_settings"]  # type: ignore[operator]
+    # The UI needs the routes the filter closes (/ui, /get_image, /.well-known/litellm-ui-config, /sso...).
+    assert "labctl_routes.routes" not in config["litellm_settings"]["callbacks"]  # type: ignore[index]
     env = render_env({"litellm_master_key": "m", "litellm_salt_key": "s", "__litellm_metrics_auth": False, "litellm_metrics_key": "",
                       "litellm_vllm_api_key": "", "litellm_redis_host": "h", "litellm_redis_port": 1, "litellm_redis_password": "p",
                       "litellm_database_mode": False, "litellm_admin_ui": True, "litellm_state_dir": "/x", "litellm_group": "g"})
@@ -158,10 +161,15 @@ def test_callbacks_out_writes_the_plain_callbacks_beside_their_rendered_settings
     assert result.exit_code == 0, result.output
     files = REPO / "roles" / "litellm" / "files" / "etc" / "labctl" / "litellm"
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [p.name for p in files.glob("*.py")] + ["labctl_admission.yaml", "labctl_auth.yaml", "labctl_readiness.yaml"])
+        [p.name for p in files.glob("*.py")] + ["labctl_admission.yaml", "labctl_auth.yaml", "labctl_guard.yaml",
+                                                "labctl_readiness.yaml", "labctl_routes.yaml"])
     for callback in files.glob("*.py"):
         assert (out / callback.name).read_bytes() == callback.read_bytes(), callback.name
     gate = yaml.safe_load((out / "labctl_admission.yaml").read_text())
     config = yaml.safe_load(result.stdout)
     classes = {d["model_name"]: d["litellm_params"]["extra_body"]["priority"] for d in config["model_list"]}
     assert gate["classes"] == classes and gate["slots"] == 48 and gate["max_hold"] > gate["timeout"]
+    # The guard: the model API's routes exactly, and each public name's logprobs limits (issue 40).
+    guard = yaml.safe_load((out / "labctl_guard.yaml").read_text())
+    assert "/v1/chat/completions" in guard["routes"] and "/v1/model/info" not in guard["routes"]
+    assert guard["logprobs"] == {name: {"top_logprobs": 5, "prompt_logprobs": None} for name in classes}

@@ -6,7 +6,9 @@ deployment ids and names, comma lists, client fallbacks and router_settings_over
 priority, additional_drop_params, allowed_openai_params) is either refused, with nothing sent to
 the replica, or served at the key's class, the replica receiving that class's priority. Also the
 per-key concurrency limit, the admission gate's slots (no request frees another's) and its
-Retry-After on every route, a key with non-ASCII characters, and the UI sign-in."""
+Retry-After on every route, a key with non-ASCII characters, and the UI sign-in. Issue 40: a key's own
+api_key, logprobs beyond its class's limits (prompt logprobs at all), and the replica's address in
+/v1/model/info and in the answers' headers."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from .gateway_proxy import MASTER, Gateway, install_keys, running_gateway
+from .gateway_proxy import MASTER, VLLM_KEY, Gateway, install_keys, running_gateway
 from .recording_replica import vllm_priority
 
 INTERACTIVE, BATCH = 0, 10
@@ -200,6 +202,125 @@ def test_an_embedding_request_for_the_chat_model_gets_no_embedding(gateway: Gate
     for key, model, priority in ((keys["notebook"], inter, INTERACTIVE), (keys["nightly"], batch, BATCH)):
         status, received, text = _probe(gateway, key, "/v1/chat/completions", model, {})
         assert (status, received) == (200, [priority]), text
+
+
+def test_a_key_cannot_bring_its_own_upstream_key(gateway: Gateway, keys: dict[str, str]) -> None:
+    """LiteLLM 1.106.0 takes a body's api_key as the replica's key and builds a deployment of its own for the
+    request (a new model_info.id): the replica got the client's key, or, with the replicas' own key, a
+    request without the class's priority. An application key is refused; the master key's request is served
+    at its class's priority (the deployment hook reads model_info.original_model_id)."""
+    batch = gateway.model_of(BATCH)
+    chat = "/v1/chat/completions"
+    _check(gateway, keys["nightly"], BATCH, [
+        ("api_key of the client's", chat, batch, {"api_key": "sk-client-chosen"}, "", False),
+        ("api_key of the replicas'", chat, batch, {"api_key": VLLM_KEY}, "", False),
+        ("api_key of the replicas', streamed", chat, batch, {"api_key": VLLM_KEY}, "", True),
+        ("api_key on /v1/completions", "/v1/completions", batch, {"api_key": VLLM_KEY}, "", False),
+        ("api_key on /v1/responses", "/v1/responses", batch, {"api_key": VLLM_KEY}, "", False),
+        ("api_key null", chat, batch, {"api_key": None}, "", False),
+        ("?api_key=", chat, batch, {}, f"?api_key={VLLM_KEY}", False),
+    ])
+    status, received, text = _probe(gateway, keys["nightly"], chat, batch, {"api_key": VLLM_KEY})
+    assert (status, received) == (400, []), (status, received, text)
+    _check(gateway, MASTER, BATCH, [("master api_key of the replicas'", chat, batch, {"api_key": VLLM_KEY}, "", False)])
+
+
+def _logprob_fields(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: body[k] for k in ("prompt_logprobs", "prompt_logprob_token_ids", "echo", "logprobs", "top_logprobs",
+                                 "logprob_token_ids") if k in body}
+
+
+def test_a_batch_key_sending_prompt_logprobs_gets_400_and_the_replica_never_sees_it(gateway: Gateway,
+                                                                                    keys: dict[str, str]) -> None:
+    """Issue 40, item 8: prompt logprobs (any number: vLLM computes the whole vocabulary's logits for every prompt
+    token) and logprobs beyond the class's limit (litellm_logprobs_limits: 5) get 400 before any replica sees the
+    request, on every route that asks for them, for an application key of either class and for the master key."""
+    status, received, text = _probe(gateway, keys["nightly"], "/v1/chat/completions", gateway.model_of(BATCH), {"prompt_logprobs": 20})
+    assert status == 400 and received == [], (status, received, text)
+    assert "prompt logprobs" in text, text
+    chat, completions, responses = "/v1/chat/completions", "/v1/completions", "/v1/responses"
+    output = {"include": ["message.output_text.logprobs"]}
+    refused: list[tuple[str, str, dict[str, Any], bool]] = [
+        ("prompt_logprobs 20 on completions", completions, {"prompt_logprobs": 20}, False),
+        ("prompt_logprobs 0", chat, {"prompt_logprobs": 0}, False),
+        ("prompt_logprobs 0, streamed", chat, {"prompt_logprobs": 0}, True),
+        ("prompt_logprobs -1", chat, {"prompt_logprobs": -1}, False),
+        ("prompt_logprobs '20'", chat, {"prompt_logprobs": "20"}, False),
+        ("chat echo", chat, {"echo": True}, False),
+        ("completions echo with logprobs 0", completions, {"echo": True, "logprobs": 0}, False),
+        ("top_logprobs 20", chat, {"logprobs": True, "top_logprobs": 20}, False),
+        ("top_logprobs 6, streamed", chat, {"logprobs": True, "top_logprobs": 6}, True),
+        ("top_logprobs -1", chat, {"logprobs": True, "top_logprobs": -1}, False),
+        ("completions logprobs 20", completions, {"logprobs": 20}, False),
+        ("responses top_logprobs 20", responses, {"top_logprobs": 20, **output}, False),
+        ("100 logprob_token_ids", chat, {"logprobs": True, "logprob_token_ids": list(range(100))}, False),
+    ]
+    escaped = []
+    for key, model in ((keys["nightly"], gateway.model_of(BATCH)), (keys["notebook"], gateway.model_of(INTERACTIVE)),
+                       (MASTER, gateway.model_of(BATCH))):
+        for name, path, extra, stream in refused:
+            status, received, text = _probe(gateway, key, path, model, extra, stream=stream)
+            if status != 400 or received:
+                escaped.append(f"{name} ({model}): HTTP {status}, the replica received {len(received)} request(s): {text[:200]}")
+    assert not escaped, "\n".join(escaped)
+
+
+def test_logprobs_within_the_limits_are_served_and_nothing_nested_reaches_vllm(gateway: Gateway, keys: dict[str, str]) -> None:
+    """Within the class's limit the fields reach the replica as sent. A field nested in another (LiteLLM forwards
+    litellm_params, optional_params, kwargs, ... as they are) or in the URL's query is no field of vLLM's: the
+    replica receives no logprobs field at its top level, which is all vLLM reads."""
+    batch = gateway.model_of(BATCH)
+    served: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 5}), ("/v1/completions", {"logprobs": 5}),
+        ("/v1/responses", {"top_logprobs": 5, "include": ["message.output_text.logprobs"]})]
+    for path, extra in served:
+        marker = f"probe-{uuid.uuid4().hex}"
+        status, _, text = gateway.request(path, keys["nightly"], {"model": batch, **_text(marker, path), **extra})
+        got = [_logprob_fields(r["body"]) for r in gateway.recorder.marked(marker)]
+        assert status == 200 and got == [{k: v for k, v in extra.items() if k != "include"}], (path, status, got, text[:200])
+    nested = {"prompt_logprobs": 20, "echo": True}
+    carriers: list[tuple[str, dict[str, Any], str]] = [
+        (name, {name: dict(nested)}, "") for name in ("litellm_params", "optional_params", "kwargs", "model_kwargs", "extra_query",
+                                                      "provider_specific_fields", "metadata", "litellm_metadata")]
+    carriers += [("?prompt_logprobs=20", {}, "?prompt_logprobs=20"), ("?echo=true", {}, "?echo=true&logprobs=true&top_logprobs=20")]
+    reached = []
+    for name, extra, query in carriers:
+        marker = f"probe-{uuid.uuid4().hex}"
+        body = {"model": batch, **_text(marker, "/v1/chat/completions"), **extra}
+        status, _, text = gateway.request("/v1/chat/completions" + query, keys["nightly"], body)
+        fields = [_logprob_fields(r["body"]) for r in gateway.recorder.marked(marker)]
+        if status not in (200, 400, 403) or any(fields):
+            reached.append(f"{name}: HTTP {status}, the replica's top-level logprobs fields {fields}: {text[:200]}")
+    assert not reached, "\n".join(reached)
+
+
+def test_an_application_key_learns_no_replica_address(gateway: Gateway, keys: dict[str, str]) -> None:
+    """/v1/model/info (it lists each deployment's api_base) gets 403 for an application key, with or without
+    /v1; the master key keeps it. No answer of an application key's names the replica in its headers or body:
+    x-litellm-model-api-base, -id and -name are there but empty, plain, streamed and failed."""
+    bases = {d["litellm_params"]["api_base"] for d in gateway.deployments()}
+    hosts = {base.split("//", 1)[1].split("/", 1)[0] for base in bases}
+    for path in ("/v1/model/info", "/model/info"):
+        for key in (keys["nightly"], keys["notebook"]):
+            status, _, text = gateway.request(path, key, None, method="GET")
+            assert status == 403 and not any(h in text for h in hosts), (path, status, text[:300])
+    status, _, text = gateway.request("/v1/model/info", MASTER, None, method="GET")
+    assert status == 200 and any(h in text for h in hosts), (status, text[:300])
+    batch = gateway.model_of(BATCH)
+    leaks = []
+    for name, path, extra in (("chat", "/v1/chat/completions", {}), ("chat streamed", "/v1/chat/completions", {"stream": True}),
+                              ("completions", "/v1/completions", {}), ("responses", "/v1/responses", {}),
+                              ("a replica's 404", "/v1/embeddings", {"input": "x"}),
+                              ("a refused request", "/v1/chat/completions", {"prompt_logprobs": 1})):
+        marker = f"probe-{uuid.uuid4().hex}"
+        status, headers, text = gateway.request(path, keys["nightly"], {"model": batch, **_text(marker, path), **extra})
+        shown = {k: v for k, v in headers.items() if any(h in v for h in hosts) or (k in (
+            "x-litellm-model-api-base", "x-litellm-model-id", "x-litellm-model-name") and v)}
+        if shown or any(h in text for h in hosts):
+            leaks.append(f"{name}: HTTP {status}, headers {shown}, body {text[:200]}")
+    assert not leaks, "\n".join(leaks)
+    status, headers, _ = gateway.request("/v1/chat/completions", MASTER, {"model": batch, **_text("x", "/v1/chat/completions")})
+    assert status == 200 and headers.get("x-litellm-model-api-base") in bases, headers
 
 
 def test_the_gateway_decides_the_priority_for_the_master_key_too(gateway: Gateway) -> None:

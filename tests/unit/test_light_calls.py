@@ -14,6 +14,7 @@ import json
 import os
 import pwd
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 from .test_fast_probes import BIN, REPO, _load
+from .tls_pki import Pki, make_pki
 
 read_action = _load("labctl_read_action", REPO / "action_plugins" / "labctl_read.py")
 filters = _load("labctl_filters_light", REPO / "filter_plugins" / "labctl_filters.py")
@@ -93,6 +95,10 @@ READS: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
+# labctl_http never follows a redirect (its credentials would go along, Issue 40): uri's counterpart.
+URI_ONLY: dict[str, dict[str, Any]] = {"redirect": {"follow_redirects": "none"}}
+
+
 def _playbook(tmp_path: Path, base: str, root: Path) -> Path:
     """Each case as the labctl task and as the builtin it stands in for, results in one JSON file."""
     tasks: list[dict[str, Any]] = []
@@ -120,7 +126,8 @@ def _playbook(tmp_path: Path, base: str, root: Path) -> Path:
             "refused": {"url": refused}}
     for name, args in gets.items():
         tasks.append({"name": f"labctl_http {name}", "labctl_http": args, "register": f"http_{name}", "failed_when": False})
-        tasks.append({"name": f"uri {name}", "ansible.builtin.uri": args, "register": f"uri_{name}", "failed_when": False})
+        tasks.append({"name": f"uri {name}", "ansible.builtin.uri": {**args, **URI_ONLY.get(name, {})}, "register": f"uri_{name}",
+                      "failed_when": False})
     tasks.append({"name": "getent passwd", "labctl_read": {"argv": ["getent", "passwd"]}, "register": "read_passwd"})
     tasks.append({"name": "getent group", "labctl_read": {"argv": ["getent", "group"]}, "register": "read_group"})
     tasks.append({"name": "builtin passwd", "ansible.builtin.getent": {"database": "passwd"}})
@@ -214,6 +221,87 @@ def test_labctl_http_answers_as_the_uri_module(answers: dict[str, dict[str, Any]
         assert {k: mine.get(k) for k in HTTP_KEYS} == {k: builtin.get(k) for k in HTTP_KEYS}, (path, mine, builtin)
         if not mine.get("failed"):
             assert mine["url"] == builtin["url"]
+
+
+# --- no credentials across a redirect (Issue 40, item 7) ---------------------------------------------
+
+http_module = _load("labctl_http_light", REPO / "library" / "labctl_http.py")
+
+
+class _Recorder(http.server.ThreadingHTTPServer):
+    """A server that records the Authorization of every request; with ``location``, /go answers 302 there."""
+
+    def __init__(self, location: str | None = None, pki: Pki | None = None) -> None:
+        self.location = location
+        self.seen: list[str | None] = []
+        super().__init__(("127.0.0.1", 0), _Recording)
+        if pki is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(pki.cert, pki.key)
+            self.socket = context.wrap_socket(self.socket, server_side=True)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+
+class _Recording(http.server.BaseHTTPRequestHandler):
+    server: _Recorder
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.server.seen.append(self.headers.get("Authorization"))
+        if self.server.location and self.path == "/go":
+            self.send_response(302)
+            self.send_header("Location", self.server.location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+BEARER = {"headers": {"Authorization": "Bearer sk-master"}}
+BASIC = {"url_username": "admin", "url_password": "grafana-admin-password", "force_basic_auth": True}
+
+
+@pytest.mark.parametrize("target", ["http://localhost:{port}/landing", "http://127.0.0.1:{port}/landing", "/landing"])
+@pytest.mark.parametrize("auth", [BEARER, BASIC], ids=["bearer", "basic"])
+def test_labctl_http_sends_its_credentials_to_the_url_asked_only(auth: dict[str, Any], target: str) -> None:
+    """The master key (Bearer) and Grafana's admin password (basic) reach the service asked and no
+    redirect's target: another host name, another port, or the same server. The 302 is the answer."""
+    elsewhere = _Recorder()
+    first = _Recorder(target.format(port=elsewhere.port) if "{port}" in target else target)
+    try:
+        answer = http_module.light({"url": f"http://127.0.0.1:{first.port}/go", **auth})
+    finally:
+        first.shutdown()
+        elsewhere.shutdown()
+    assert first.seen[0] is not None and first.seen[0].startswith(("Bearer ", "Basic "))
+    assert elsewhere.seen == [] and first.seen[1:] == [], (first.seen, elsewhere.seen)
+    assert answer["status"] == 302 and answer["failed"] and answer["url"] == f"http://127.0.0.1:{first.port}/go"
+
+
+def test_labctl_http_sends_no_credentials_from_https_down_to_http(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    elsewhere = _Recorder()
+    first = _Recorder(f"http://127.0.0.1:{elsewhere.port}/landing", pki)
+    try:
+        answer = http_module.light({"url": f"https://127.0.0.1:{first.port}/go", "ca_path": str(pki.ca),
+                                    "status_code": [302], **BEARER})
+    finally:
+        first.shutdown()
+        elsewhere.shutdown()
+    assert first.seen == ["Bearer sk-master"]
+    assert elsewhere.seen == [], elsewhere.seen
+    assert answer["status"] == 302 and not answer.get("failed")
 
 
 def test_labctl_getent_reads_getent_as_the_getent_module(answers: dict[str, dict[str, Any]]) -> None:

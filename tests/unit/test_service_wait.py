@@ -74,6 +74,35 @@ def test_health_needs_no_key(replica: str) -> None:
     assert wait.probe(_params(replica, model_name=None)) is None
 
 
+def test_the_key_goes_to_the_replica_only_never_to_a_redirects_target(replica: str) -> None:
+    """A replica's address that answers /v1/models with a redirect to another host and port: the
+    replicas' API key is not sent there (urllib sends a Request's headers to any redirect's target)."""
+    seen: list[str | None] = []
+
+    class _Elsewhere(JSONHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            seen.append(self.headers.get("Authorization"))
+            self._answer(200, {"data": [{"id": "tiny-llama-host-0"}]})
+
+    class _Redirecting(JSONHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{elsewhere.server_address[1]}/v1/models")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), _Elsewhere)
+    first = ThreadingHTTPServer(("127.0.0.1", 0), _Redirecting)
+    for server in (elsewhere, first):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        wait.get(f"http://127.0.0.1:{first.server_address[1]}/v1/models", 10, api_key=KEY)
+    finally:
+        first.shutdown()
+        elsewhere.shutdown()
+    assert seen == [None], seen
+
+
 def test_a_refused_key_fails_at_once_and_is_never_printed(replica: str) -> None:
     """The module through ansible: a wrong key stops the wait at once (not after timeout=600),
     naming the cause; the key, a no_log option, appears nowhere in the -vvv output."""

@@ -143,7 +143,7 @@ def _flags(parser: str) -> dict[str, Any]:
         ansible_managed="Ansible managed", __vllm_replica=replica, vllm_model_path="/srv/models/m/current", vllm_model_root="/srv/models",
         vllm_max_model_len=512, vllm_max_num_batched_tokens=2048, vllm_scheduling_policy="priority",
         vllm_enable_prefix_caching=True, vllm_flavor="cuda", vllm_gpu_memory_utilization=0.8, vllm_extra_config={},
-        vllm_tool_call_parser=parser)
+        vllm_tool_call_parser=parser, vllm_max_logprobs=5)
     flags: dict[str, Any] = yaml.safe_load(text)
     return flags
 

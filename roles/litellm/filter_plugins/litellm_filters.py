@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any
 
+import yaml
 from ansible.errors import AnsibleFilterError
+
+from labctl.keys import key_models, public_names
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # A key record's limits (labctl.keys.AppKey): requests and tokens per minute, requests in flight.
 LIMITS = ("rpm", "tpm", "max_parallel")
 _LIMIT_FIELDS = {"rpm": "rpm_limit", "tpm": "tpm_limit", "max_parallel": "max_parallel_requests"}
+# With lab_models: the priority of each key class's public names (lower first).
+_CLASS_PRIORITY = {"interactive": 0, "batch": 10}
 
 
 def labctl_class_floors(classes: list[dict[str, Any]], default_floor: float) -> dict[str, float]:
@@ -33,93 +40,95 @@ def labctl_class_floors(classes: list[dict[str, Any]], default_floor: float) -> 
     return floors
 
 
-def labctl_app_keys_doc(keys: list[dict[str, Any]], classes: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the gateway's auth hook reads (app-keys.json): the public model names of each key class
-    (litellm_model_classes' key_class), and per sha256 the keys that are not revoked (lab_app_keys,
-    the control node's store: `labctl keys`). Refuses, naming the key, a class no model class
-    carries, a malformed hash, a name used twice, a limit (rpm, tpm, max_parallel) that is not
-    positive, an expiry that is not an ISO date-time with a zone."""
+def _app_keys(keys: list[Any], classes: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """The auth hook's document of the good live records, and a problem per record left out."""
     by_class: dict[str, list[str]] = {}
     for entry in classes:
         if entry.get("key_class"):
             by_class.setdefault(str(entry["key_class"]), []).append(str(entry["name"]))
-    doc: dict[str, Any] = {"classes": by_class, "keys": {}}
-    names: set[str] = set()
-    # Several models (lab_models): each class entry names its model; a key that lists models reaches
-    # its class's names of those models only.
-    model_of = {str(entry["name"]): str(entry["model"]) for entry in classes if entry.get("model")}
+    good: list[tuple[str, str, dict[str, Any]]] = []
+    problems: list[dict[str, str]] = []
     for number, key in enumerate(keys or [], 1):
         if not isinstance(key, dict):
-            raise AnsibleFilterError(f"lab_app_keys: entry {number} is not a mapping")
-        name = str(key.get("name", f"entry {number}"))
-        where = f"lab_app_keys: key {name}"
+            problems.append({"name": f"entry {number}", "problem": f"lab_app_keys: entry {number} is not a mapping"})
+            continue
         if key.get("revoked"):
             continue
-        if key.get("class") not in by_class:
-            raise AnsibleFilterError(f"{where}: class {key.get('class')!r} does not exist (litellm_model_classes give: "
-                                     f"{', '.join(sorted(by_class)) or 'none'})")
-        digest = str(key.get("sha256", ""))
-        if not _SHA256.match(digest):
-            raise AnsibleFilterError(f"{where}: sha256 is not 64 lowercase hex digits")
-        if name in names or digest in doc["keys"]:
-            raise AnsibleFilterError(f"{where}: given twice (revoke the old one first)")
-        for limit in LIMITS:
-            value = key.get(limit)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise AnsibleFilterError(f"{where}: {limit} {value!r} is not a positive number")
-        expires = key.get("expires")
-        if expires is not None:
-            try:
-                zone = datetime.fromisoformat(str(expires)).tzinfo
-            except ValueError:
-                zone = None
-            if zone is None:
-                raise AnsibleFilterError(f"{where}: expires {expires!r} is not an ISO date-time with a zone")
-        names.add(name)
-        doc["keys"][digest] = {"name": name, "class": key["class"], "rpm": key.get("rpm"), "tpm": key.get("tpm"),
-                               "max_parallel": key.get("max_parallel"), "expires": expires}
-        if key.get("models"):
-            doc["keys"][digest]["models"] = _key_models(where, key, by_class[key["class"]], model_of)
-    return doc
+        name = str(key.get("name", f"entry {number}"))
+        entry, problem = _key_entry(key, name, by_class, classes)
+        if problem:
+            problems.append({"name": name, "problem": f"lab_app_keys: key {name}: {problem}"})
+        else:
+            good.append((name, str(key["sha256"]), entry))
+    # A name or a hash given twice (a hand edit): none of them is sent, whichever was meant.
+    names = [name for name, _, _ in good]
+    digests = [digest for _, digest, _ in good]
+    doc: dict[str, Any] = {"classes": by_class, "keys": {}}
+    for name, digest, entry in good:
+        if names.count(name) > 1 or digests.count(digest) > 1:
+            problems.append({"name": name, "problem": f"lab_app_keys: key {name}: given twice (revoke the old one first)"})
+        else:
+            doc["keys"][digest] = entry
+    return doc, problems
 
 
-def _key_models(where: str, key: dict[str, Any], names: list[str], model_of: dict[str, str]) -> list[str]:
-    """The public names a key that lists ``models`` reaches: those of its class that serve one of
-    them (a model's name or one of its served names). Refuses a model the lab does not serve, or
-    one its class has no name of."""
-    wanted = key["models"]
-    if not isinstance(wanted, list) or not all(isinstance(m, str) and m for m in wanted):
-        raise AnsibleFilterError(f"{where}: models must be a list of model names, got {wanted!r}")
-    if not model_of:
-        raise AnsibleFilterError(f"{where}: models {wanted}: the lab serves one model (lab_models is not set), a key's "
-                                 "class is all it may be limited to")
-    served = set(model_of.values()) | set(model_of)
-    unknown = [m for m in wanted if m not in served]
-    if unknown:
-        raise AnsibleFilterError(f"{where}: models: {', '.join(unknown)} not served here (lab_models serves: "
-                                 f"{', '.join(sorted(set(model_of.values())))})")
-    allowed = {model_of.get(m, m) for m in wanted}
-    reached = [n for n in names if model_of.get(n) in allowed]
-    if not reached:
-        raise AnsibleFilterError(f"{where}: class {key['class']} has no name of {', '.join(wanted)} (its names: {', '.join(names)})")
-    return reached
+def _key_entry(key: dict[str, Any], name: str, by_class: dict[str, list[str]],
+               classes: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """A live record's entry in app-keys.json, or what is wrong with it ('' when nothing)."""
+    if key.get("class") not in by_class:
+        return {}, f"class {key.get('class')!r} does not exist (litellm_model_classes give: {', '.join(sorted(by_class)) or 'none'})"
+    if not _SHA256.match(str(key.get("sha256", ""))):
+        return {}, "sha256 is not 64 lowercase hex digits"
+    for limit in LIMITS:
+        value = key.get(limit)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            return {}, f"{limit} {value!r} is not a positive number"
+    expires = key.get("expires")
+    if expires is not None:
+        try:
+            zone = datetime.fromisoformat(str(expires)).tzinfo
+        except ValueError:
+            zone = None
+        if zone is None:
+            return {}, f"expires {expires!r} is not an ISO date-time with a zone"
+    entry = {"name": name, "class": key["class"], "rpm": key.get("rpm"), "tpm": key.get("tpm"),
+             "max_parallel": key.get("max_parallel"), "expires": expires}
+    if key.get("models"):
+        # Several models (lab_models): the rule `labctl keys add --model` applies too.
+        reached, problem = key_models(key["models"], key["class"], classes)
+        if problem:
+            return {}, problem
+        entry["models"] = reached
+    return entry, ""
+
+
+def labctl_app_keys_doc(keys: list[dict[str, Any]], classes: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the gateway's auth hook reads (app-keys.json): the public model names of each key class
+    (litellm_model_classes' key_class), and per sha256 the keys that are not revoked (lab_app_keys,
+    the control node's store: `labctl keys`). A bad record is left out, never the whole document
+    (labctl_app_keys_problems names it): a class no model class carries, a malformed hash, a name
+    or hash used twice, a limit (rpm, tpm, max_parallel) that is not positive, an expiry that is not
+    an ISO date-time with a zone, models the lab does not serve (keys.key_models). A key left out
+    gets 401, as a revoked one."""
+    return _app_keys(keys, classes)[0]
+
+
+def labctl_app_keys_problems(keys: list[dict[str, Any]], classes: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The live records labctl_app_keys_doc leaves out: per record its name and the problem, naming
+    the key and never showing its hash (safe outside no_log)."""
+    return _app_keys(keys, classes)[1]
 
 
 def labctl_model_classes(models: list[dict[str, Any]], one_model: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """litellm_model_classes' default: ``one_model`` (the served name and its -batch) without
     lab_models; with it (lab_topology.models), per model and served name its interactive name at
     priority 0 and, when it has the batch class, <name>-batch at 10, each naming its model (the
-    gateway routes a name to that model's replicas only)."""
+    gateway routes a name to that model's replicas only): labctl.keys.public_names, which
+    `labctl keys add --model` checks against too."""
     if not models:
         return list(one_model)
-    classes: list[dict[str, Any]] = []
-    for model in models:
-        for name in model["served_names"]:
-            if "interactive" in model["classes"]:
-                classes.append({"name": name, "priority": 0, "key_class": "interactive", "model": model["name"]})
-            if "batch" in model["classes"]:
-                classes.append({"name": f"{name}-batch", "priority": 10, "key_class": "batch", "model": model["name"]})
-    return classes
+    return [{"name": n["name"], "priority": _CLASS_PRIORITY[n["key_class"]], "key_class": n["key_class"], "model": n["model"]}
+            for n in public_names(models)]
 
 
 def labctl_new_key_problem(new: dict[str, Any], keys: list[dict[str, Any]]) -> str:
@@ -139,9 +148,12 @@ def labctl_new_key_problem(new: dict[str, Any], keys: list[dict[str, Any]]) -> s
 def _virtual_key_settings(record: dict[str, Any], classes: list[dict[str, Any]], routes: list[str],
                           max_parallel: int) -> dict[str, Any]:
     """What a live store record decides of its virtual key: the models of its class, the model API's
-    routes only, its limits (max_parallel: the record's or the gateway's default)."""
-    doc = labctl_app_keys_doc([record], classes)
-    entry: dict[str, Any] = next(iter(doc["keys"].values()), {})
+    routes only, its limits (max_parallel: the record's or the gateway's default). Refuses a bad
+    record (the role sends none: labctl_app_keys_problems names it)."""
+    doc, problems = _app_keys([record], classes)
+    if problems:
+        raise AnsibleFilterError(problems[0]["problem"])
+    entry: dict[str, Any] = next(iter(doc["keys"].values()))
     reached = entry.get("models") or doc["classes"][record["class"]]
     settings: dict[str, Any] = {"models": reached, "allowed_routes": list(routes),
                                 "max_parallel_requests": record.get("max_parallel") or int(max_parallel)}
@@ -181,12 +193,15 @@ def labctl_virtual_key_updates(lookups: list[dict[str, Any]], classes: list[dict
     ``lookups`` are the /key/info answers (ansible.builtin.uri results looped over the live records,
     ``item`` the record); a key the database does not hold, or that already has its class's models,
     the model API's routes and its limits, needs none. Keys made before allowed_routes and
-    max_parallel existed get them here."""
+    max_parallel existed get them here. A bad record is left as the database has it
+    (labctl_app_keys_problems names it)."""
     updates = []
     for lookup in lookups or []:
         if lookup.get("status") != 200:
             continue
         record = lookup["item"]
+        if _app_keys([record], classes)[1]:
+            continue
         info = ((lookup.get("json") or {}).get("info")) or {}
         wanted = _virtual_key_settings(record, classes, routes, max_parallel)
         differs = {field: value for field, value in wanted.items()
@@ -214,14 +229,66 @@ def labctl_gpu_health(endpoints: list[dict[str, Any]], topology: dict[str, Any])
     return out
 
 
+# The callbacks whose code decides who reaches what (labctl_readiness.py only routes).
+_SECURITY_CODE = ("labctl_auth.py", "labctl_guard.py", "labctl_routes.py", "labctl_admission.py")
+# Settings derived from the capacity or the queue, not from who may do what: a model added or removed changes them.
+_NOT_SECURITY = {"labctl_auth.yaml": ("default_max_parallel",),
+                 "labctl_admission.yaml": ("slots", "classes", "timeout", "retry_after", "max_hold"),
+                 "labctl_guard.yaml": ("logprobs",),
+                 "general_settings": ("max_in_flight_requests_per_worker", "max_queued_requests_per_worker",
+                                      "admission_queue_timeout_seconds")}
+
+
+def labctl_litellm_security_key(files: dict[str, str], classes: list[dict[str, Any]]) -> str:
+    """The sha1 of what decides the gateway's security (issue 40): the auth, guard, route filter and gate code;
+    their settings but those the capacity sets; config.yaml's general_settings (auth) but the queue sizes, its
+    callbacks and /metrics auth; per key class, the priorities its names carry (config.yaml, labctl_admission.yaml)
+    and their logprobs limits (labctl_guard.yaml); the admission floors and reserve. A change restarts the proxy
+    (tasks/configure.yml), so no old worker serves with the old ones; a model added or removed, with the key
+    classes it had, leaves it as it was (a reload)."""
+    key_class = {str(c["name"]): str(c.get("key_class", "")) for c in classes}
+
+    def settings(name: str) -> dict[str, Any]:
+        loaded = yaml.safe_load(files[name]) or {}
+        return {k: v for k, v in loaded.items() if k not in _NOT_SECURITY.get(name, ())}
+
+    def per_class(pairs: list[tuple[str, Any]]) -> dict[str, list[str]]:
+        out: dict[str, set[str]] = {}
+        for name, value in pairs:
+            out.setdefault(key_class.get(name, ""), set()).add(json.dumps(value, sort_keys=True))
+        return {k: sorted(v) for k, v in out.items()}
+
+    config = yaml.safe_load(files["config.yaml"])
+    guard = yaml.safe_load(files["labctl_guard.yaml"]) or {}
+    admission = yaml.safe_load(files["labctl_admission.yaml"]) or {}
+    document = {
+        "code": {name: files[name] for name in _SECURITY_CODE},
+        "auth": settings("labctl_auth.yaml"),
+        "guard": settings("labctl_guard.yaml"),
+        "logprobs": per_class(list((guard.get("logprobs") or {}).items())),
+        "routes": settings("labctl_routes.yaml"),
+        "admission": settings("labctl_admission.yaml"),
+        "gate_priorities": per_class(list((admission.get("classes") or {}).items())),
+        "general_settings": {k: v for k, v in (config.get("general_settings") or {}).items()
+                             if k not in _NOT_SECURITY["general_settings"]},
+        "litellm_settings": {k: (config.get("litellm_settings") or {}).get(k)
+                             for k in ("callbacks", "require_auth_for_metrics_endpoint")},
+        "priorities": per_class([(str(d["model_name"]), (d.get("litellm_params") or {}).get("extra_body"))
+                                 for d in config.get("model_list") or []]),
+    }
+    return hashlib.sha1(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_gpu_health": labctl_gpu_health,
             "labctl_app_keys_doc": labctl_app_keys_doc,
+            "labctl_app_keys_problems": labctl_app_keys_problems,
             "labctl_new_key_problem": labctl_new_key_problem,
             "labctl_virtual_key_request": labctl_virtual_key_request,
             "labctl_virtual_key_updates": labctl_virtual_key_updates,
             "labctl_class_floors": labctl_class_floors,
             "labctl_model_classes": labctl_model_classes,
+            "labctl_litellm_security_key": labctl_litellm_security_key,
         }

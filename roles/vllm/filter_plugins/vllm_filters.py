@@ -44,9 +44,28 @@ def labctl_gpu_start_order(plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in sorted(plan, key=lambda r: int(r["index"])) if int(r["index"]) in after or int(r["index"]) in before]
 
 
+def labctl_max_logprobs(limits: dict[str, Any]) -> int:
+    """--max-logprobs for the replicas: the largest limit of ``limits`` (lab_logprobs_limits: per key class,
+    top_logprobs and prompt_logprobs, each a whole number or null for none), 0 when none allows any."""
+    from ansible.errors import AnsibleFilterError
+
+    found = [0]
+    for name, entry in (limits or {}).items():
+        if not isinstance(entry, dict) or set(entry) - {"top_logprobs", "prompt_logprobs"}:
+            raise AnsibleFilterError(f"lab_logprobs_limits: {name}: want {{top_logprobs: N, prompt_logprobs: N}}, not {entry!r}")
+        for field, value in entry.items():
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise AnsibleFilterError(f"lab_logprobs_limits: {name}.{field}: a whole number from 0 or null, not {value!r}")
+            found.append(value)
+    return max(found)
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "labctl_restart_queue": labctl_restart_queue,
             "labctl_gpu_start_order": labctl_gpu_start_order,
+            "labctl_max_logprobs": labctl_max_logprobs,
         }

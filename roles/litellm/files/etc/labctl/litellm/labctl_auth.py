@@ -42,8 +42,9 @@ KEYS_FILE = str(_SETTINGS["keys_file"])
 METRICS_KEY = os.environ.get("LABCTL_METRICS_KEY", "")
 # Requests one application key may have in flight when its record sets none (litellm_app_key_max_parallel_share).
 DEFAULT_MAX_PARALLEL = int(_SETTINGS["default_max_parallel"])
-# The model API: what an application key may call (with or without /v1).
-_MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/embeddings", "/models", "/model/info")
+# The model API: what an application key may call (with or without /v1); not /model/info, which shows
+# each replica's api_base.
+_MODEL_ROUTES = ("/chat/completions", "/completions", "/responses", "/embeddings", "/models")
 _BODY_ROUTES = ("/chat/completions", "/completions", "/responses", "/embeddings")
 _log = logging.getLogger("labctl_auth")
 
